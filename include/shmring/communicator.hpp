@@ -1,0 +1,120 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "shmring/error.hpp"
+#include "shmring/export.hpp"
+#include "shmring/types.hpp"
+
+namespace shmring {
+
+/// Explicit settings for a Communicator. Every field left at its default is
+/// taken from the environment (see README, "Environment variables"), then
+/// from the built-in default.
+struct Options {
+  int rank = -1;        ///< This process's rank in [0, world_size).
+  int world_size = -1;  ///< Number of ranks, >= 1.
+  std::string job_id;   ///< Shared by all ranks of one job; [A-Za-z0-9._-], <= 64 chars.
+  int local_rank = -1;  ///< Rank among the processes on this host (defaults to rank).
+  int local_world_size = -1;
+  std::size_t slots = 0;       ///< Ring slots per rank (K), >= 2. SHMRING_SLOTS.
+  std::size_t slot_bytes = 0;  ///< Bytes per slot, a multiple of 4096. SHMRING_SLOT_BYTES.
+  int threads = 0;             ///< Reduction threads per rank. SHMRING_THREADS.
+  double timeout_s = 0;        ///< Deadline of every wait, seconds. SHMRING_TIMEOUT.
+};
+
+/// Settings in force, after explicit options, environment and defaults.
+struct Config {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string job_id;
+  std::size_t slots = 0;
+  std::size_t slot_bytes = 0;
+  int threads = 1;
+  double timeout_s = 0;
+  double spin_us = 0;   ///< Busy-wait (pause) phase of a wait, microseconds.
+  double yield_us = 0;  ///< sched_yield phase after the spin, before futex sleep.
+  std::string segment_name;
+  std::size_t segment_bytes = 0;
+};
+
+/// A group of `world_size` processes on one host that run collectives over one
+/// shared-memory segment.
+///
+/// Collective-call rules (as in MPI and NCCL): every rank of the communicator
+/// must call the same collectives, in the same order, with the same count,
+/// datatype, operator and root. A disagreement is detected and reported as
+/// MismatchError on every rank. After any error the communicator is broken:
+/// every later call throws AbortedError with the first error's reason.
+///
+/// Thread safety: one Communicator may be used by one thread at a time;
+/// distinct Communicators may be used concurrently.
+class SHMRING_API Communicator {
+ public:
+  /// Rank, world size and job id from the environment: SHMRING_RANK,
+  /// SHMRING_WORLD_SIZE, SHMRING_JOB_ID (set by shmrun), else torchrun's
+  /// RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE with a job id from
+  /// TORCHELASTIC_RUN_ID or MASTER_ADDR:MASTER_PORT, else Open MPI's
+  /// OMPI_COMM_WORLD_* or Slurm's SLURM_*. Blocks until every rank has
+  /// attached (or the timeout passes).
+  /// Throws InvalidArgumentError (missing/bad settings), TimeoutError (a rank
+  /// never arrived), OutOfSharedMemoryError, SystemError.
+  Communicator();
+  /// Explicit settings; fields left unset come from the environment.
+  explicit Communicator(const Options& options);
+  Communicator(int rank, int world_size, std::string job_id);
+  ~Communicator();
+  Communicator(Communicator&&) noexcept;
+  Communicator& operator=(Communicator&&) noexcept;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const noexcept;
+  int size() const noexcept;
+  int local_rank() const noexcept;
+  int local_size() const noexcept;
+  const Config& config() const noexcept;
+
+  /// Ring allreduce: recv[i] = op over all ranks of send[i], i < count.
+  /// `send` and `recv` each hold `count` elements of `dtype` (either may be
+  /// null when count is 0); `send == recv` reduces in place; otherwise they
+  /// must not overlap. Any count, 64-bit. The result is bitwise identical on
+  /// every rank. Throws InvalidArgumentError (avg on an integer type, bad
+  /// enum, overlapping buffers), MismatchError, TimeoutError, PeerFailureError,
+  /// AbortedError.
+  void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+
+  template <class T>
+  void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    if (send.size() != recv.size())
+      throw InvalidArgumentError("allreduce: send has " + std::to_string(send.size()) +
+                                 " elements but recv has " + std::to_string(recv.size()));
+    allreduce(send.data(), recv.data(), send.size(), datatype_of_v<std::remove_cv_t<T>>, op);
+  }
+  /// In place.
+  template <class T>
+  void allreduce(std::span<T> buffer, ReduceOp op) {
+    allreduce(buffer.data(), buffer.data(), buffer.size(), datatype_of_v<std::remove_cv_t<T>>, op);
+  }
+
+  /// Marks the job aborted: every rank's pending and later collectives throw
+  /// AbortedError carrying `reason`. Safe to call from any thread.
+  void abort(const std::string& reason);
+
+  /// Collectives issued so far by this rank (the sequence number of the next one).
+  std::uint64_t collective_count() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shmring

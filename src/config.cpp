@@ -1,0 +1,221 @@
+#include "config.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "log.hpp"
+
+namespace shmring::detail {
+
+std::optional<std::string> env_string(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::optional<long long> env_int(const char* name, long long lo, long long hi) {
+  auto s = env_string(name);
+  if (!s) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s->c_str(), &end, 10);
+  if (errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi)
+    throw InvalidArgumentError(
+        fmt::format("{}='{}': expected an integer in [{}, {}]", name, *s, lo, hi));
+  return v;
+}
+
+std::optional<double> env_double(const char* name, double lo, double hi) {
+  auto s = env_string(name);
+  if (!s) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s->c_str(), &end);
+  if (errno != 0 || end == s->c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+    throw InvalidArgumentError(
+        fmt::format("{}='{}': expected a number in [{}, {}]", name, *s, lo, hi));
+  return v;
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) {
+  auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::uint64_t host_hash() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  std::uint64_t h = fnv1a(host, std::char_traits<char>::length(host));
+  return fnv1a(boot.data(), boot.size(), h);
+}
+
+bool valid_job_id(const std::string& id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string segment_name(const std::string& job_id, std::uint64_t host) {
+  return fmt::format("shmring-{}-{}-{:016x}", static_cast<unsigned>(getuid()), job_id, host);
+}
+
+namespace {
+
+// A job id derived from another launcher's variables may hold any character:
+// keep the safe ones and make it unique with a hash of the original.
+std::string derived_job_id(const std::string& raw) {
+  std::string s;
+  for (char c : raw) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    s += ok ? c : '_';
+    if (s.size() >= 40) break;
+  }
+  return fmt::format("{}.{:08x}", s, static_cast<std::uint32_t>(fnv1a(raw.data(), raw.size())));
+}
+
+struct RankEnv {
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;
+  const char* launcher;
+};
+
+// In order of preference: our own launcher, torchrun, Open MPI, Slurm.
+constexpr RankEnv kLaunchers[] = {
+    {"SHMRING_RANK", "SHMRING_WORLD_SIZE", "SHMRING_LOCAL_RANK", "SHMRING_LOCAL_WORLD_SIZE",
+     "shmrun"},
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun"},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI"},
+    // SLURM_TASKS_PER_NODE reads like "4(x2)": no plain local size from Slurm.
+    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "Slurm"},
+};
+
+std::optional<std::string> launcher_job_id(const std::string& launcher) {
+  if (auto id = env_string("SHMRING_JOB_ID")) return id;
+  if (launcher == "torchrun") {
+    if (auto id = env_string("TORCHELASTIC_RUN_ID")) return derived_job_id("torch-" + *id);
+    auto addr = env_string("MASTER_ADDR");
+    auto port = env_string("MASTER_PORT");
+    if (addr && port) return derived_job_id("torch-" + *addr + ":" + *port);
+  } else if (launcher == "Open MPI") {
+    if (auto id = env_string("OMPI_MCA_orte_ess_jobid")) return derived_job_id("ompi-" + *id);
+    if (auto id = env_string("PMIX_NAMESPACE")) return derived_job_id("ompi-" + *id);
+  } else if (launcher == "Slurm") {
+    auto job = env_string("SLURM_JOB_ID");
+    auto step = env_string("SLURM_STEP_ID");
+    if (job) return derived_job_id("slurm-" + *job + "." + step.value_or("0"));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Config resolve_config(const Options& o) {
+  Config c;
+  constexpr long long kMaxRanks = 4096;
+  std::string launcher = "options";
+  if (o.rank >= 0 || o.world_size >= 0) {
+    if (o.world_size < 1 || o.world_size > kMaxRanks)
+      throw InvalidArgumentError(
+          fmt::format("world_size={}: expected an integer in [1, {}]", o.world_size, kMaxRanks));
+    if (o.rank < 0 || o.rank >= o.world_size)
+      throw InvalidArgumentError(
+          fmt::format("rank={}: expected an integer in [0, {})", o.rank, o.world_size));
+    c.rank = o.rank;
+    c.world_size = o.world_size;
+  } else {
+    bool found = false;
+    for (const auto& l : kLaunchers) {
+      if (!env_string(l.rank) && !env_string(l.size)) continue;
+      auto size = env_int(l.size, 1, kMaxRanks);
+      if (!size) throw InvalidArgumentError(fmt::format("{} is set but {} is not", l.rank, l.size));
+      auto rank = env_int(l.rank, 0, *size - 1);
+      if (!rank) throw InvalidArgumentError(fmt::format("{} is set but {} is not", l.size, l.rank));
+      c.rank = static_cast<int>(*rank);
+      c.world_size = static_cast<int>(*size);
+      c.local_rank = static_cast<int>(env_int(l.local_rank, 0, *size - 1).value_or(*rank));
+      c.local_world_size = static_cast<int>(
+          (l.local_size ? env_int(l.local_size, 1, *size) : std::nullopt).value_or(*size));
+      launcher = l.launcher;
+      found = true;
+      break;
+    }
+    if (!found)
+      throw InvalidArgumentError(
+          "no rank and world size: run under shmrun (shmrun -n N -- prog), torchrun, mpirun or "
+          "srun, or set SHMRING_RANK and SHMRING_WORLD_SIZE, or pass them to the Communicator");
+  }
+  if (o.rank >= 0) {
+    c.local_rank = o.local_rank >= 0 ? o.local_rank : c.rank;
+    c.local_world_size = o.local_world_size >= 1 ? o.local_world_size : c.world_size;
+  }
+  if (c.local_world_size < 1) c.local_world_size = c.world_size;
+
+  if (!o.job_id.empty()) {
+    c.job_id = o.job_id;
+  } else if (auto id = launcher_job_id(launcher)) {
+    c.job_id = *id;
+  } else {
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: no job id: set SHMRING_JOB_ID to the same value on every rank (shmrun does "
+        "this), or pass job_id to the Communicator",
+        c.rank));
+  }
+  if (!valid_job_id(c.job_id))
+    throw InvalidArgumentError(
+        fmt::format("job id '{}': expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id));
+
+  c.slots =
+      o.slots ? o.slots
+              : static_cast<std::size_t>(env_int("SHMRING_SLOTS", 2, 1024).value_or(kDefaultSlots));
+  if (c.slots < 2 || c.slots > 1024)
+    throw InvalidArgumentError(fmt::format("slots={}: expected an integer in [2, 1024]", c.slots));
+  c.slot_bytes =
+      o.slot_bytes
+          ? o.slot_bytes
+          : static_cast<std::size_t>(
+                env_int("SHMRING_SLOT_BYTES", 4096, 1ll << 30).value_or(kDefaultSlotBytes));
+  if (c.slot_bytes < 4096 || c.slot_bytes > (1u << 30) || c.slot_bytes % 4096 != 0)
+    throw InvalidArgumentError(fmt::format(
+        "slot bytes={}: expected a multiple of 4096 in [4096, 2^30] (SHMRING_SLOT_BYTES)",
+        c.slot_bytes));
+
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int default_threads = std::max(1, static_cast<int>(cores) / c.local_world_size);
+  c.threads = o.threads > 0
+                  ? o.threads
+                  : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(default_threads));
+
+  c.timeout_s = o.timeout_s > 0
+                    ? o.timeout_s
+                    : env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(kDefaultTimeoutS);
+
+  // When ranks outnumber cores a spinning waiter steals the core its producer
+  // needs: skip the spin and yield instead.
+  bool oversubscribed = static_cast<unsigned>(c.local_world_size) > cores;
+  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(oversubscribed ? 0.0 : 50.0);
+  c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(oversubscribed ? 2000.0 : 200.0);
+  return c;
+}
+
+}  // namespace shmring::detail

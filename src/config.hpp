@@ -1,0 +1,40 @@
+#pragma once
+
+// Tunables and rank discovery. Every tunable is read from one environment
+// variable, validated, and reported by SHMRING_DEBUG=INFO.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "shmring/communicator.hpp"
+
+namespace shmring::detail {
+
+inline constexpr std::size_t kDefaultSlots = 4;
+inline constexpr std::size_t kDefaultSlotBytes = 256 * 1024;
+inline constexpr double kDefaultTimeoutS = 300.0;
+
+/// Environment variable `name`, or nullopt when unset or empty.
+std::optional<std::string> env_string(const char* name);
+/// Integer in [lo, hi] from `name`; throws InvalidArgumentError naming the
+/// variable, the value and the range.
+std::optional<long long> env_int(const char* name, long long lo, long long hi);
+std::optional<double> env_double(const char* name, double lo, double hi);
+
+/// Resolves options + environment + defaults into a Config (segment_name and
+/// segment_bytes are filled later). Throws InvalidArgumentError.
+Config resolve_config(const Options& options);
+
+/// Stable identity of this host and boot: FNV-1a of hostname and boot id.
+std::uint64_t host_hash();
+
+/// "shmring-<uid>-<job id>-<host hash>".
+std::string segment_name(const std::string& job_id, std::uint64_t host);
+
+/// Job ids appear in file names: only [A-Za-z0-9._-], 1..64 characters.
+bool valid_job_id(const std::string& id);
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 14695981039346656037ull);
+
+}  // namespace shmring::detail

@@ -1,0 +1,36 @@
+#pragma once
+
+// Elementwise reduction kernels: dst[i] = op(a[i], b[i]).
+//
+// One function per (datatype, operator), compiled three times with GCC's
+// target_clones (x86-64-v4 = AVX-512, x86-64-v3 = AVX2+FMA+F16C, and the
+// SSE2 baseline); the dynamic loader picks the best clone once, at load time.
+// float16 and bfloat16 are widened to float32 in blocks, reduced there and
+// rounded back to nearest-even, so they accumulate in float32 within a step.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "shmring/types.hpp"
+
+namespace shmring::detail {
+
+/// dst[i] = op(a[i], b[i]) for i < n. dst may alias a or b exactly (not
+/// partially). Pointers need no alignment. With op == avg, computes
+/// (a[i] + b[i]) / divisor (the last step of an average); divisor >= 1.
+/// Integer sum and prod wrap; min and max propagate NaN; avg on an integer
+/// type is the caller's error (not checked here).
+void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dtype, ReduceOp op,
+            int divisor = 1);
+
+/// Name of the instruction set the float32 sum kernel runs with here
+/// ("avx512", "avx2" or "sse2").
+const char* kernel_isa();
+
+/// float16 <-> float32 conversions, round to nearest even (exposed for tests).
+float half_to_float(std::uint16_t h);
+std::uint16_t float_to_half(float f);
+float bfloat16_to_float(std::uint16_t h);
+std::uint16_t float_to_bfloat16(float f);
+
+}  // namespace shmring::detail

@@ -1,0 +1,144 @@
+#pragma once
+
+// The shared segment's layout. Plain data only: offsets, never pointers, so
+// every process may map it at a different address.
+//
+//   [Header                      ] page-aligned, kHeaderBytes
+//   [RankArea x world_size       ] page-aligned, kRankAreaBytes each
+//   [slots: rank 0 slot 0..K-1, rank 1 slot 0..K-1, ...] page-aligned,
+//                                  slot_bytes each
+//
+// Every field a rank writes in a hot loop sits on its own 128-byte line (two
+// 64-byte lines: adjacent-line prefetch would otherwise couple them).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
+namespace shmring::detail {
+
+inline constexpr std::size_t kLine = 128;
+inline constexpr std::size_t kPage = 4096;
+inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::size_t kReasonBytes = 1024;
+
+// Header status word.
+inline constexpr std::uint32_t kStatusInit = 0;
+inline constexpr std::uint32_t kStatusReady = 1;
+inline constexpr std::uint32_t kStatusFailed = 2;
+
+// Rank state word.
+inline constexpr std::uint32_t kRankAbsent = 0;
+inline constexpr std::uint32_t kRankAttached = 1;
+inline constexpr std::uint32_t kRankFinalized = 2;
+
+// Abort word: 0 = running; kAbortClaimed while the winning rank writes its
+// reason; otherwise an ErrorCode value.
+inline constexpr std::uint32_t kAbortNone = 0;
+inline constexpr std::uint32_t kAbortClaimed = 0xffffffffu;
+
+/// A sequence counter with the futex word its sleepers wait on. `value` only
+/// grows. The writer bumps `futex_gen` and wakes when `waiters` is non-zero.
+struct alignas(kLine) Counter {
+  std::atomic<std::uint64_t> value;
+  std::atomic<std::uint32_t> futex_gen;
+  std::atomic<std::uint32_t> waiters;
+};
+
+/// What a rank is about to do: published before its first slot write of a
+/// collective, and compared by its right neighbour before the first read.
+struct alignas(kLine) Descriptor {
+  std::atomic<std::uint64_t> seq;  // collective sequence number + 1 (0 = none yet)
+  std::atomic<std::uint64_t> count;
+  std::atomic<std::uint32_t> kind;
+  std::atomic<std::uint32_t> dtype;
+  std::atomic<std::uint32_t> op;
+  std::atomic<std::int32_t> root;
+};
+
+struct alignas(kLine) RankInfo {
+  std::atomic<std::int32_t> pid;
+  std::atomic<std::uint32_t> state;
+  std::atomic<std::uint64_t> host_hash;
+};
+
+struct RankArea {
+  Counter produced;  // slices this rank has published into its own slots
+  Counter consumed;  // slices of its left neighbour it has finished reading
+  Descriptor desc;
+  RankInfo info;
+};
+inline constexpr std::size_t kRankAreaBytes = sizeof(RankArea);
+
+struct alignas(kLine) Header {
+  // Written once by rank 0 before status becomes ready; read-only afterwards.
+  std::uint64_t magic;
+  std::uint32_t layout_version;
+  std::uint32_t world_size;
+  std::uint64_t slots;
+  std::uint64_t slot_bytes;
+  std::uint64_t total_bytes;
+  std::uint64_t rank_area_offset;
+  std::uint64_t slot_offset;
+  std::uint64_t job_nonce;
+  std::uint64_t host_hash;
+  std::int32_t creator_pid;
+  std::uint32_t reserved;
+  alignas(kLine) std::atomic<std::uint32_t> status;
+  std::atomic<std::uint32_t> attached;  // futex word: ranks registered so far
+  std::atomic<std::uint32_t> attach_gen;
+  alignas(kLine) std::atomic<std::uint32_t> abort_code;
+  std::atomic<std::int32_t> abort_rank;
+  char abort_reason[kReasonBytes];
+};
+inline constexpr std::size_t kHeaderBytes = (sizeof(Header) + kPage - 1) / kPage * kPage;
+
+/// Offsets of one layout, computed locally from (world_size, slots,
+/// slot_bytes) and never trusted from shared memory.
+struct Layout {
+  std::uint64_t rank_area_offset;
+  std::uint64_t slot_offset;
+  std::uint64_t total_bytes;
+};
+
+inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+/// nullopt if the sizes overflow 64 bits.
+inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint64_t slots,
+                                            std::uint64_t slot_bytes) {
+  Layout l{};
+  l.rank_area_offset = kHeaderBytes;
+  l.slot_offset = round_up(kHeaderBytes + world_size * kRankAreaBytes, kPage);
+  std::uint64_t per_rank = 0, all = 0;
+  if (__builtin_mul_overflow(slots, slot_bytes, &per_rank)) return std::nullopt;
+  if (__builtin_mul_overflow(per_rank, world_size, &all)) return std::nullopt;
+  if (__builtin_add_overflow(all, l.slot_offset, &l.total_bytes)) return std::nullopt;
+  return l;
+}
+
+#define SHMRING_CHECK_SHARED(T)                                               \
+  static_assert(std::is_standard_layout_v<T>, #T " must be standard-layout"); \
+  static_assert(std::is_trivially_destructible_v<T>, #T " must be trivially destructible")
+SHMRING_CHECK_SHARED(Counter);
+SHMRING_CHECK_SHARED(Descriptor);
+SHMRING_CHECK_SHARED(RankInfo);
+SHMRING_CHECK_SHARED(RankArea);
+SHMRING_CHECK_SHARED(Header);
+#undef SHMRING_CHECK_SHARED
+// std::atomic is not trivially copyable in C++20 (deleted copy), so we check
+// its representation instead: same size as the value and always lock-free, so
+// it works across processes.
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic<std::int32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words must be 32-bit");
+static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
+static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == kLine);
+static_assert(sizeof(RankArea) == 4 * kLine);
+
+}  // namespace shmring::detail

@@ -1,0 +1,104 @@
+#pragma once
+
+// The job's shared-memory segment: creation by rank 0, attachment and header
+// validation by the others, unlinking once everyone is in, and per-rank
+// liveness through open-file-description locks on the segment's descriptor.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "layout.hpp"
+
+namespace shmring::detail {
+
+struct SegmentRequest {
+  std::string name;
+  int rank = 0;
+  int world_size = 1;
+  std::uint64_t slots = 0;
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t host_hash = 0;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+class Segment {
+ public:
+  /// Rank 0 creates the segment (removing a stale one whose creator is dead);
+  /// the others open and validate it. Returns once this rank is registered;
+  /// call wait_all_attached() next. Throws InvalidArgumentError (collision,
+  /// bad header, duplicate rank), OutOfSharedMemoryError, TimeoutError,
+  /// SystemError.
+  static std::unique_ptr<Segment> create_or_attach(const SegmentRequest& req);
+  ~Segment();  // unmaps; releases the liveness lock
+
+  /// Blocks until every rank registered, then returns. The rank whose
+  /// registration completed the set unlinks the name. On timeout, unlinks the
+  /// name (so nothing is left behind) and throws TimeoutError.
+  void wait_all_attached(std::chrono::steady_clock::time_point deadline);
+
+  Header& header() { return *header_; }
+  RankArea& rank_area(int r) {
+    return *reinterpret_cast<RankArea*>(base_ + layout_.rank_area_offset +
+                                        static_cast<std::size_t>(r) * kRankAreaBytes);
+  }
+  std::byte* slot(int r, std::uint64_t k) {
+    return base_ + layout_.slot_offset + (static_cast<std::uint64_t>(r) * slots_ + k) * slot_bytes_;
+  }
+  std::uint64_t slots() const { return slots_; }
+  std::uint64_t slot_bytes() const { return slot_bytes_; }
+  std::uint64_t total_bytes() const { return layout_.total_bytes; }
+  const std::string& name() const { return name_; }
+
+  /// True while rank `r`'s process holds its liveness lock, i.e. has not
+  /// exited (a zombie has already released it). One fcntl call.
+  bool rank_alive(int r) const;
+  /// Removes the name (idempotent).
+  void unlink_name();
+
+ private:
+  Segment() = default;
+  struct Mapping;
+  std::unique_ptr<Mapping> map_;
+  std::byte* base_ = nullptr;
+  Header* header_ = nullptr;
+  Layout layout_{};
+  std::uint64_t slots_ = 0, slot_bytes_ = 0;
+  int fd_ = -1;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::string name_;
+  bool unlinked_ = false;
+};
+
+/// Stale/colliding segment inspection for `shmrun --list/--cleanup`.
+struct SegmentInfo {
+  std::string name;
+  std::uint64_t bytes = 0;
+  int creator_pid = 0;
+  bool creator_alive = false;
+};
+/// Segments of this user in /dev/shm with the shmring prefix.
+std::vector<SegmentInfo> list_segments();
+
+}  // namespace shmring::detail
+
+namespace shmring::detail {
+
+/// Sets the abort word if no rank did before (first error wins) and wakes
+/// every sleeper. Returns true if this call's reason is the one recorded.
+bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
+                 const std::string& reason);
+/// The recorded abort, if any: (code, rank, reason).
+struct AbortInfo {
+  std::uint32_t code;
+  int rank;
+  std::string reason;
+};
+std::optional<AbortInfo> read_abort(const Header& h);
+
+}  // namespace shmring::detail

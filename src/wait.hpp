@@ -1,0 +1,103 @@
+#pragma once
+
+// Waiting on a sequence counter in shared memory: spin with `pause`, then
+// sched_yield, then sleep on a shared futex. The writer only pays for a
+// FUTEX_WAKE when a sleeper announced itself in `waiters`.
+//
+// Lost-wakeup argument: the sleeper increments `waiters`, reads `futex_gen`,
+// re-checks the counter, then sleeps only while `futex_gen` is unchanged. The
+// writer stores the counter, then reads `waiters` (both seq_cst). Either the
+// sleeper's re-check sees the new value, or the writer sees waiters > 0 and
+// bumps `futex_gen` (making FUTEX_WAIT return at once) before waking.
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "layout.hpp"
+
+namespace shmring::detail {
+
+/// FUTEX_WAIT on a shared (not private) 32-bit word; returns on wake, value
+/// change, signal or after `timeout_us`.
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, long timeout_us);
+void futex_wake_all(std::atomic<std::uint32_t>& word);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+using Clock = std::chrono::steady_clock;
+
+/// Wakes every sleeper on `c` (used after publishing, and on abort).
+inline void wake(Counter& c) {
+  c.futex_gen.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(c.futex_gen);
+}
+
+/// Publishes a new counter value (release, and seq_cst against `waiters`).
+inline void publish(Counter& c, std::uint64_t v) {
+  c.value.store(v, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) wake(c);
+}
+
+struct WaitPolicy {
+  std::int64_t spin_ns = 50'000;
+  std::int64_t yield_ns = 200'000;
+  long sleep_slice_us = 10'000;  // futex sleeps this long at most between slow checks
+};
+
+/// Waits until c.value >= target. `slow_check()` runs every ~sleep slice once
+/// the spin phase is over; it throws to end the wait (abort, dead peer,
+/// deadline). Returns the value seen.
+template <class SlowCheck>
+std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& p,
+                            SlowCheck&& slow_check) {
+  std::uint64_t v = c.value.load(std::memory_order_acquire);
+  if (v >= target) return v;
+  const auto start = Clock::now();
+  // Phase 1: spin. Checking the clock every 64 pauses keeps its cost small.
+  if (p.spin_ns > 0) {
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        cpu_relax();
+        v = c.value.load(std::memory_order_acquire);
+        if (v >= target) return v;
+      }
+      if ((Clock::now() - start).count() >= p.spin_ns) break;
+    }
+  }
+  // Phase 2: yield the core (the producer may be waiting for it).
+  auto last_check = Clock::now();
+  const std::int64_t yield_end = p.spin_ns + p.yield_ns;
+  while ((Clock::now() - start).count() < yield_end) {
+    sched_yield();
+    v = c.value.load(std::memory_order_acquire);
+    if (v >= target) return v;
+    auto now = Clock::now();
+    if (now - last_check > std::chrono::microseconds(p.sleep_slice_us)) {
+      slow_check();
+      last_check = now;
+    }
+  }
+  // Phase 3: futex sleep, in slices so that aborts, dead peers and the
+  // deadline are noticed.
+  for (;;) {
+    c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    std::uint32_t gen = c.futex_gen.load(std::memory_order_seq_cst);
+    v = c.value.load(std::memory_order_seq_cst);
+    if (v < target) futex_wait(c.futex_gen, gen, p.sleep_slice_us);
+    c.waiters.fetch_sub(1, std::memory_order_seq_cst);
+    v = c.value.load(std::memory_order_acquire);
+    if (v >= target) return v;
+    slow_check();
+  }
+}
+
+}  // namespace shmring::detail
