@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -41,13 +42,14 @@ using shmring::examples::BatchStats;
 using shmring::examples::Dataset;
 using shmring::examples::Mlp;
 using Clock = std::chrono::steady_clock;
+constexpr double kPi = 3.14159265358979323846;
 
 struct Settings {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  int epochs = 4;
-  std::size_t batch = 128;  // global batch per optimizer step (all ranks, all micro-batches)
+  int epochs = 8;
+  std::size_t batch = 256;  // global batch per optimizer step (all ranks, all micro-batches)
   int accum = 1;
-  float lr = 0.05f;
+  float lr = 0.1f;
   float momentum = 0.9f;
   int hidden = 256;
   std::uint64_t seed = 1;
@@ -55,6 +57,7 @@ struct Settings {
   std::size_t limit = 0;      // training samples used; 0: all
   std::size_t test_limit = 0;
   bool print_step_loss = false;
+  bool cosine = true;  // cosine decay of the learning rate to 0 over all epochs
 };
 
 double seconds(Clock::duration d) {
@@ -153,9 +156,10 @@ int train(shmring::Communicator& comm, const Settings& s) {
     fmt::print(
         "train_mlp: {} rank(s); MLP {}-{}-{} ({} parameters); {} training / {} test samples\n"
         "train_mlp: global batch {} = {} rank(s) x {} micro-batch(es) x {}; {} steps/epoch; "
-        "SGD lr {} momentum {}; seed {}\n",
+        "SGD lr {} ({}) momentum {}; seed {}\n",
         world, model.in(), model.hidden(), model.out(), n_params, n_train, n_test, s.batch, world,
-        s.accum, micro, steps_per_epoch, s.lr, s.momentum, s.seed);
+        s.accum, micro, steps_per_epoch, s.lr, s.cosine ? "cosine decay" : "constant", s.momentum,
+        s.seed);
 
   std::vector<std::uint32_t> order(train_set.size());
   std::iota(order.begin(), order.end(), 0u);
@@ -163,6 +167,7 @@ int train(shmring::Communicator& comm, const Settings& s) {
   Eigen::MatrixXf x;
   std::vector<std::uint8_t> y;
   std::size_t step = 0;
+  const std::size_t total_steps = steps_per_epoch * std::size_t(s.epochs);
   double final_accuracy = 0;
   const auto t_start = Clock::now();
 
@@ -200,11 +205,14 @@ int train(shmring::Communicator& comm, const Settings& s) {
       // Mean gradient of the global batch, then SGD with momentum
       // (v = mu v + g; p -= lr v), identical on every rank.
       const float scale = 1.0f / float(s.batch);
+      const float lr =
+          s.cosine ? s.lr * 0.5f * float(1.0 + std::cos(kPi * double(step) / double(total_steps)))
+                   : s.lr;
       Eigen::Map<Eigen::ArrayXf> gsum(step_buf.data(), Eigen::Index(n_params));
       Eigen::Map<Eigen::ArrayXf> v(velocity.data(), Eigen::Index(n_params));
       Eigen::Map<Eigen::ArrayXf> p(model.params().data(), Eigen::Index(n_params));
       v = s.momentum * v + scale * gsum;
-      p -= s.lr * v;
+      p -= lr * v;
       const auto t3 = Clock::now();
 
       step_time += t3 - t0;
@@ -284,6 +292,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--test-limit", s.test_limit, "Evaluate on the first N test samples (0: all)")
       ->capture_default_str();
+  app.add_flag("!--constant-lr", s.cosine,
+               "Keep the learning rate constant (default: cosine decay to 0 over --epochs)");
   app.add_flag("--print-step-loss", s.print_step_loss,
                "Rank 0 prints 'step S loss L' (global mean loss) after every step");
   CLI11_PARSE(app, argc, argv);
