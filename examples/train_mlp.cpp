@@ -226,18 +226,25 @@ int train(shmring::Communicator& comm, const Settings& s) {
     const double epoch_s = seconds(Clock::now() - t_epoch);
 
     const auto [test_loss, test_correct] = evaluate(comm, model, test_set, n_test);
-    // The allreduce share, averaged over ranks (a rank that waits for a slower
-    // one counts that wait as allreduce time).
+    // The allreduce share: mean over ranks, and its spread. A rank that waits
+    // for a slower one counts that wait as allreduce time, so the rank with the
+    // lowest share is the one closest to the pure cost of the collective.
     double times[2] = {seconds(allreduce_time), seconds(step_time)};
     comm.allreduce(std::span<double>(times, 2), shmring::ReduceOp::sum);
+    const double own_share =
+        step_time.count() > 0 ? seconds(allreduce_time) / seconds(step_time) : 0.0;
+    double share_min = own_share, share_max = own_share;
+    comm.allreduce(std::span<double>(&share_min, 1), shmring::ReduceOp::min);
+    comm.allreduce(std::span<double>(&share_max, 1), shmring::ReduceOp::max);
     final_accuracy = 100.0 * test_correct / double(n_test);
     if (lead && samples > 0)
       fmt::print(
           "epoch {:>2}/{}  loss {:.4f}  train_acc {:.2f}%  test_loss {:.4f}  test_acc {:.2f}%  "
-          "samples/s {:.0f}  allreduce {:.1f}% of step time  ({:.1f} s)\n",
+          "samples/s {:.0f}  allreduce {:.1f}% of step time (ranks {:.0f}-{:.0f}%)  ({:.1f} s)\n",
           epoch, s.epochs, loss_sum / samples, 100.0 * correct / samples,
           test_loss / double(n_test), final_accuracy, samples / epoch_s,
-          times[1] > 0 ? 100.0 * times[0] / times[1] : 0.0, epoch_s);
+          times[1] > 0 ? 100.0 * times[0] / times[1] : 0.0, 100.0 * share_min, 100.0 * share_max,
+          epoch_s);
     std::fflush(stdout);
   }
 
