@@ -14,6 +14,8 @@ CHECK is one of:
   truncated     a truncated .gz: every rank reports it, exit status non-zero.
   bad_magic     an image file with a wrong IDX magic: same.
   bad_batch     a global batch not divisible by N x accum: every rank says so.
+  accuracy      N=2, 3 epochs on the full data: test accuracy >= 85% (the
+                quick start runs 8 epochs on 4 ranks and reaches about 88%).
 """
 import gzip
 import os
@@ -157,6 +159,15 @@ elif CHECK == "bad_magic":
 elif CHECK == "bad_batch":
     p = run(3, SMALL + ["--batch", "100", "--accum", "2"])
     expect_error_on_every_rank(p, 3, r"--batch 100 must be divisible by world size 3 x --accum 2")
+
+elif CHECK == "accuracy":
+    p = run_ok(2, ["--epochs", "3", "--batch", "256", "--lr", "0.1", "--seed", "1"])
+    m = re.search(r"^final test accuracy: ([0-9.]+)%", p.stdout, re.M)
+    if not m:
+        fail("no 'final test accuracy' line")
+    if not float(m.group(1)) >= 85.0:
+        fail(f"test accuracy {m.group(1)}% < 85%")
+    print(f"OK: test accuracy {m.group(1)}%")
 
 else:
     fail(f"unknown check {CHECK!r}")
