@@ -35,8 +35,8 @@
 
 #include "config.hpp"
 #include "segment.hpp"
-#include "shmrun_job.hpp"
 #include "shmring/version.hpp"
+#include "shmrun_job.hpp"
 
 namespace {
 
@@ -70,7 +70,7 @@ std::pair<std::string, std::string> parse_export(const std::string& arg) {
 
 // A segment younger than this may belong to a rank 0 that is still creating
 // it (its liveness lock is taken just after the file appears).
-constexpr double kMinStaleAgeS = 2.0;
+constexpr double kMinStaleAgeS = 1.0;
 
 double age_s(const std::string& name) {
   struct stat st {};
@@ -138,26 +138,31 @@ int main(int argc, char** argv) {
   app.add_option("--grace", spec.grace_s, "Seconds between SIGTERM and SIGKILL on teardown")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
-  app.add_option("-x", exports, "VAR=VALUE (or VAR: its current value) for every worker; repeatable")
+  app.add_option("-x", exports,
+                 "VAR=VALUE (or VAR: its current value) for every worker; repeatable")
       ->allow_extra_args(false)
       ->type_name("VAR=VALUE");
   app.add_option("--threads", threads, "Reduction threads per rank (SHMRING_THREADS)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")->check(CLI::Range(2, 1024));
+  app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")
+      ->check(CLI::Range(2, 1024));
   app.add_option("--slot-bytes", slot_bytes,
                  "Bytes per slot, a multiple of 4096 (SHMRING_SLOT_BYTES)")
       ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30) &
               CLI::Validator(
                   [](std::string& v) -> std::string {
-                    return std::stoull(v) % 4096 == 0 ? "" : "expected a multiple of 4096";
+                    return std::stoull(v) % 4096 == 0
+                               ? ""
+                               : fmt::format("{}: expected a multiple of 4096", v);
                   },
                   "MULTIPLE OF 4096"));
   app.add_option("--job-id", spec.job_id,
                  "Job id shared by the ranks (default: random); names the segment")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
-            return shmring::detail::valid_job_id(v) ? ""
-                                                    : "expected 1 to 64 characters from [A-Za-z0-9._-]";
+            return shmring::detail::valid_job_id(v)
+                       ? ""
+                       : fmt::format("'{}': expected 1 to 64 characters from [A-Za-z0-9._-]", v);
           },
           "ID"));
   app.add_flag("--list", list, "List this user's shmring segments in /dev/shm and exit");
@@ -187,7 +192,8 @@ int main(int argc, char** argv) {
     }
     for (const auto& x : exports) spec.env.push_back(parse_export(x));
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; a usage error exits 2, as most tools do.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (list || cleanup) return list_or_cleanup(cleanup);
 

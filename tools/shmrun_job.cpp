@@ -2,9 +2,8 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -12,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -134,7 +134,7 @@ std::vector<int> allowed_cpus() {
 
 std::string cpu_list(const std::vector<int>& cpus) {
   std::string s;
-  for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+  for (int c : cpus) s += fmt::format("{}{}", s.empty() ? "" : ",", c);
   return s;
 }
 
@@ -277,8 +277,7 @@ bool Job::spawn() {
     if (spec_.bind_to_core) {
       const int n = static_cast<int>(cpus.size());
       const int per = std::min(spec_.cores_per_rank, n);
-      for (int j = 0; j < per; ++j)
-        w.cpus.push_back(cpus[(static_cast<long>(r) * per + j) % n]);
+      for (int j = 0; j < per; ++j) w.cpus.push_back(cpus[(static_cast<long>(r) * per + j) % n]);
     }
     cpu_set_t cpu_set;
     CPU_ZERO(&cpu_set);
@@ -352,8 +351,7 @@ bool Job::spawn() {
     do n = ::read(exec_status[r].get(), &e, sizeof e);
     while (n < 0 && errno == EINTR);
     if (n == static_cast<ssize_t>(sizeof e)) {
-      std::fprintf(stderr, "shmrun: rank %d: cannot run '%s': %s\n", r, argv[0],
-                   std::strerror(e));
+      std::fprintf(stderr, "shmrun: rank %d: cannot run '%s': %s\n", r, argv[0], std::strerror(e));
       spawn_exit_ = kExitCannotRun;
       return false;
     }
