@@ -78,11 +78,19 @@ double age_s(const std::string& name) {
   return std::difftime(std::time(nullptr), st.st_ctime);
 }
 
-int list_or_cleanup(bool cleanup) {
+// With a job id, only that job's segments ("shmring-<uid>-<job id>-<host>").
+int list_or_cleanup(bool cleanup, const std::string& job_id) {
   namespace d = shmring::detail;
   auto segments = d::list_segments();
+  if (!job_id.empty()) {
+    const std::string prefix = fmt::format("shmring-{}-{}-", getuid(), job_id);
+    std::erase_if(segments, [&](const d::SegmentInfo& s) {
+      return s.name.rfind(prefix, 0) != 0 || s.name.find('-', prefix.size()) != std::string::npos;
+    });
+  }
   if (segments.empty()) {
-    std::printf("shmrun: no shmring segment of user %u in /dev/shm\n", getuid());
+    std::printf("shmrun: no shmring segment of user %u%s in /dev/shm\n", getuid(),
+                job_id.empty() ? "" : fmt::format(" and job {}", job_id).c_str());
     return 0;
   }
   int failed = 0;
@@ -165,9 +173,11 @@ int main(int argc, char** argv) {
                        : fmt::format("'{}': expected 1 to 64 characters from [A-Za-z0-9._-]", v);
           },
           "ID"));
-  app.add_flag("--list", list, "List this user's shmring segments in /dev/shm and exit");
+  app.add_flag("--list", list,
+               "List this user's shmring segments in /dev/shm (of job --job-id if given), exit");
   app.add_flag("--cleanup", cleanup,
-               "Remove this user's shmring segments whose creator is dead, and exit");
+               "Remove this user's shmring segments (of job --job-id if given) whose creator is "
+               "dead, and exit");
   app.set_version_flag("--version", std::string("shmrun (shmring) ") + SHMRING_VERSION_STRING);
   // Everything from the program name on belongs to the program, with or
   // without "--": `shmrun -n 2 prog -n 5` passes "-n 5" to prog.
@@ -195,7 +205,7 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a usage error exits 2, as most tools do.
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (list || cleanup) return list_or_cleanup(cleanup);
+  if (list || cleanup) return list_or_cleanup(cleanup, spec.job_id);
 
   // Flags come after -x, so an explicit --threads wins over -x SHMRING_THREADS.
   if (threads > 0) spec.env.emplace_back("SHMRING_THREADS", std::to_string(threads));

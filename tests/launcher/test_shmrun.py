@@ -239,27 +239,43 @@ def test_environment():
 
 def test_list_cleanup():
     """--list shows a stale segment (creator dead); --cleanup removes it."""
+    # A segment is stale once its creator (rank 0) died before every rank
+    # attached: here rank 1 of 2 never comes, and rank 0 is SIGKILLed.
     jid = job_id()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
     creator = subprocess.Popen([WORKER, "create", jid], env=env)
-    deadline = time.monotonic() + 20
-    while not shm_entries(jid) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    check(shm_entries(jid), "the creator never made its segment")
-    creator.kill()
-    creator.wait()
-    name = shm_entries(jid)[0]
-    p = subprocess.run([SHMRUN, "--list"], capture_output=True, text=True, timeout=20)
-    check(p.returncode == 0, f"--list exit status {p.returncode}", p.stderr)
-    check(re.search(rf"^{re.escape(name)} .*creator pid {creator.pid} \(dead\)$", p.stdout, re.M),
-          "--list must show the segment with its dead creator", p.stdout)
-    check(shm_entries(jid), "--list must not remove anything")
-    time.sleep(1.1)  # --cleanup leaves segments younger than 1 s alone
-    p = subprocess.run([SHMRUN, "--cleanup"], capture_output=True, text=True, timeout=20)
-    check(p.returncode == 0, f"--cleanup exit status {p.returncode}", p.stdout + p.stderr)
-    check(f"removed {name}" in p.stdout, "--cleanup must report the removal", p.stdout)
-    check(not shm_entries(jid), "--cleanup left the stale segment")
+    try:
+        # Wait until the creator has filled the header and holds its lock.
+        deadline = time.monotonic() + 20
+        alive = re.compile(rf"^shmring-{os.getuid()}-{re.escape(jid)}-\S+ .*"
+                           rf"creator pid {creator.pid} \(alive\)$", re.M)
+        while True:
+            p = subprocess.run([SHMRUN, "--list"], capture_output=True, text=True, timeout=20)
+            if alive.search(p.stdout):
+                break
+            check(time.monotonic() < deadline, "--list never showed the live creator", p.stdout)
+            time.sleep(0.02)
+        creator.kill()
+        creator.wait()
+        name = shm_entries(jid)[0]
+        p = subprocess.run([SHMRUN, "--list"], capture_output=True, text=True, timeout=20)
+        check(p.returncode == 0, f"--list exit status {p.returncode}", p.stderr)
+        check(re.search(rf"^{re.escape(name)} .*creator pid {creator.pid} \(dead\)$", p.stdout,
+                        re.M), "--list must show the segment with its dead creator", p.stdout)
+        check(shm_entries(jid), "--list must not remove anything")
+        time.sleep(1.1)  # --cleanup leaves segments younger than 1 s alone
+        # --job-id keeps this test away from other jobs' stale segments.
+        p = subprocess.run([SHMRUN, "--cleanup", "--job-id", jid], capture_output=True, text=True,
+                           timeout=20)
+        check(p.returncode == 0, f"--cleanup exit status {p.returncode}", p.stdout + p.stderr)
+        check(f"removed {name}" in p.stdout, "--cleanup must report the removal", p.stdout)
+        check(not shm_entries(jid), "--cleanup left the stale segment")
+    finally:
+        creator.kill()
+        creator.wait()
+        for n in shm_entries(jid):
+            os.unlink(f"/dev/shm/{n}")
 
 
 def test_usage_errors():
