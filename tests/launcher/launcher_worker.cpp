@@ -6,8 +6,9 @@
 //                                                 joins the communicator); the
 //                                                 others allreduce until they fail
 //   launcher_worker segv RANK                     rank RANK dies of SIGSEGV
-//   launcher_worker loop [ignore-int]             allreduce forever; rank 0 says
-//                                                 "looping" once all are in
+//   launcher_worker loop [ignore-int|ignore-all]  allreduce forever; rank 0 says
+//                                                 "looping" once all are in;
+//                                                 ignoring SIGINT (and SIGTERM)
 //   launcher_worker hang                          rank 0 sleeps, others wait in
 //                                                 an allreduce that never completes
 //   launcher_worker lines COUNT LENGTH            COUNT lines of LENGTH bytes on
@@ -91,7 +92,9 @@ int run(int argc, char** argv) {
     allreduce_forever(comm, false);
   }
   if (mode == "loop") {
-    if (argc > 2 && std::strcmp(argv[2], "ignore-int") == 0) signal(SIGINT, SIG_IGN);
+    const std::string how = argc > 2 ? argv[2] : "";
+    if (how == "ignore-int" || how == "ignore-all") signal(SIGINT, SIG_IGN);
+    if (how == "ignore-all") signal(SIGTERM, SIG_IGN);
     shmring::Communicator comm;
     allreduce_forever(comm, true);
   }

@@ -161,6 +161,45 @@ def test_sigterm():
     assert_clean(jid, stderr, 4)
 
 
+def test_grace_kill():
+    """Workers that ignore SIGTERM are SIGKILLed after --grace."""
+    jid = job_id()
+    p, err = start_loop(jid, ["ignore-all"], ["--timeout", "1", "--grace", "0.5"])
+    rc, stderr = finish(p, err, 20)
+    check(rc == 124, f"shmrun returned {rc}, expected 124", stderr)
+    assert_clean(jid, stderr, 4)
+
+
+def test_launcher_killed():
+    """SIGKILL to shmrun itself: the workers die with it (PR_SET_PDEATHSIG)."""
+    jid = job_id()
+    p, err = start_loop(jid, [])
+    p.kill()
+    p.wait()
+    err.seek(0)
+    stderr = err.read()
+    pids = worker_pids(stderr)
+    check(len(pids) == 4, "expected 4 workers in the bindings report", stderr)
+
+    def running(pid):  # a zombie waiting for init to reap it is dead already
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rfind(")") + 2] != "Z"
+
+    deadline = time.monotonic() + 10
+    while any(running(q) for q in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    left = [q for q in pids.values() if running(q)]
+    for q in left:
+        os.kill(q, signal.SIGKILL)
+    check(not left, f"workers outlived their launcher: {left}")
+    # The ranks had all attached, so the segment name was already unlinked.
+    check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}")
+
+
 def test_tag_output():
     """8 ranks x 1000 lines of 200 bytes on stdout and stderr: whole, tagged, in order."""
     np, count, length = 8, 1000, 200
