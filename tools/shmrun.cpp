@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -114,9 +115,30 @@ int list_or_cleanup(bool cleanup, const std::string& job_id) {
   return failed ? 1 : 0;
 }
 
+// mpirun users type "-np 4", which CLI11 would read as "-n p". Rewrite it to
+// "--np" among shmrun's own options only, never in the program's arguments.
+void accept_mpirun_np(int argc, char** argv) {
+  static char long_np[] = "--np";
+  const std::vector<std::string> with_value = {
+      "-n", "--np",      "--nproc-per-node", "--bind-to",    "--timeout", "--grace",
+      "-x", "--threads", "--slots",          "--slot-bytes", "--job-id"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") return;
+    if (a == "-np") {
+      argv[i] = long_np;
+    } else if (std::find(with_value.begin(), with_value.end(), a) != with_value.end()) {
+      ++i;  // its value
+    } else if (a.empty() || a[0] != '-') {
+      return;  // the program
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  accept_mpirun_np(argc, argv);
   namespace l = shmring::launcher;
   CLI::App app{
       "shmrun: launch N local workers of a shmring job\n\n"
@@ -130,7 +152,8 @@ int main(int argc, char** argv) {
   std::size_t slots = 0, slot_bytes = 0;
   bool list = false, cleanup = false;
 
-  auto* np = app.add_option("-n,--np", spec.np, "Number of worker processes (ranks)")
+  auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
+                            "Number of worker processes (ranks); mpirun's -np works too")
                  ->check(CLI::Range(1, 4096));
   app.add_flag("--tag-output", spec.tag_output,
                "Prefix every line of stdout and stderr with '[rank] '");

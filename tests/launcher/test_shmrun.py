@@ -270,7 +270,8 @@ def test_environment():
         bound = re.search(rf"shmrun: rank {r} \(pid \d+\) bound to core (\d+)", p.stderr)
         check(bound and int(bound[1]) == allowed[r % len(allowed)], "binding report", p.stderr)
     # Without MASTER_PORT set, shmrun picks one, the same for every rank.
-    p, _ = shmrun(job_id(), ["-n", "2"], ["env"])
+    # mpirun's "-np" spelling works, and "-np" in the program's arguments is left alone.
+    p, _ = shmrun(job_id(), ["-np", "2"], ["env", "-np"])
     ports = set(re.findall(r"MASTER_PORT=(\d+)", p.stdout))
     check(p.returncode == 0 and len(ports) == 1 and 0 < int(ports.pop()) < 65536,
           "expected one free MASTER_PORT for all ranks", p.stdout)
