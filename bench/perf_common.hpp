@@ -147,9 +147,11 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o) {
   app.add_flag("--json", o.json, "JSON output (rank 0, stdout)");
   app.add_flag("--no-floor", o.no_floor, "Skip the concurrent-memcpy floor measurement");
   app.add_flag("--in-place-only", o.in_place_only, "Skip the out-of-place measurement");
-  app.add_option("--budget", o.budget_bytes,
-                 "Bytes one timed phase may move; sets the iterations of large sizes")
-      ->capture_default_str();
+  app.add_option_function<std::string>(
+         "--budget",
+         [&o](const std::string& s) { o.budget_bytes = static_cast<double>(parse_bytes(s)); },
+         "Bytes one timed phase may move (64M, 2G); sets the iterations of large sizes")
+      ->default_str("2G");
 }
 
 inline void validate(const PerfOptions& o) {
