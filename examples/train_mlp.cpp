@@ -71,6 +71,18 @@ void report(int rank, const std::string& what) {
   std::fflush(stderr);
 }
 
+// For an error every rank finds alike: report it, then wait until every rank
+// has reported, so that the first rank to exit does not have shmrun stop the
+// others before they print.
+void report_all(shmring::Communicator& comm, const std::string& what) {
+  report(comm.rank(), what);
+  try {
+    comm.barrier();
+  } catch (const shmring::Error&) {
+    // A peer already left: nothing more to wait for.
+  }
+}
+
 // All ranks load the data, then agree: if any rank failed, all stop together,
 // each having printed why (every rank reads the same files, so each names the
 // bad one itself). Without the agreement, the first rank to exit would have
@@ -90,7 +102,7 @@ bool load_data(shmring::Communicator& comm, const Settings& s, Dataset& train, D
   std::int32_t ok = error.empty() ? 1 : 0;
   comm.allreduce(std::span<std::int32_t>(&ok, 1), shmring::ReduceOp::min);
   if (ok) return true;
-  report(comm.rank(), error.empty() ? "stopping: another rank could not load the data" : error);
+  report_all(comm, error.empty() ? "stopping: another rank could not load the data" : error);
   return false;
 }
 
@@ -125,8 +137,8 @@ int train(shmring::Communicator& comm, const Settings& s) {
   // Settings every rank checks alike, so every rank prints the same error.
   const std::size_t parts = world * std::size_t(s.accum);
   if (s.batch % parts != 0) {
-    report(rank, fmt::format("--batch {} must be divisible by world size {} x --accum {} = {}",
-                             s.batch, world, s.accum, parts));
+    report_all(comm, fmt::format("--batch {} must be divisible by world size {} x --accum {} = {}",
+                                 s.batch, world, s.accum, parts));
     return 2;
   }
 
@@ -138,8 +150,8 @@ int train(shmring::Communicator& comm, const Settings& s) {
       s.test_limit ? std::min(s.test_limit, test_set.size()) : test_set.size();
   const std::size_t steps_per_epoch = n_train / s.batch;
   if (steps_per_epoch == 0) {
-    report(rank, fmt::format("--batch {} is larger than the {} training samples in use", s.batch,
-                             n_train));
+    report_all(comm, fmt::format("--batch {} is larger than the {} training samples in use",
+                                 s.batch, n_train));
     return 2;
   }
   const std::size_t shard = s.batch / world;
