@@ -64,7 +64,6 @@ struct Communicator::Impl {
   int step = -1;
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
-  std::chrono::steady_clock::time_point op_deadline;
 
   detail::RankArea& my_area() { return seg->rank_area(rank); }
   detail::RankArea& area(int r) { return seg->rank_area(r); }

@@ -81,8 +81,14 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
 
 void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                                       const char* what) {
-  detail::wait_at_least(counter, target, wait_policy,
-                        [&] { check_progress(peer, what, op_deadline, counter, target); });
+  // The deadline bounds each wait, not the whole collective: a huge buffer
+  // may take longer than SHMRING_TIMEOUT while every step makes progress.
+  // It starts at the first slow check, after the spin and yield phases.
+  std::optional<Clock::time_point> wait_deadline;
+  detail::wait_at_least(counter, target, wait_policy, [&] {
+    if (!wait_deadline) wait_deadline = deadline();
+    check_progress(peer, what, *wait_deadline, counter, target);
+  });
 }
 
 std::byte* Communicator::Impl::acquire_send_slot() {
@@ -129,7 +135,6 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   current = d;
   step = -1;
   left_checked = false;
-  op_deadline = deadline();
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
   desc.count.store(d.count, std::memory_order_relaxed);
@@ -344,7 +349,8 @@ void Communicator::abort(const std::string& reason) {
   Impl& c = *impl_;
   detail::raise_abort(*c.seg, c.size, static_cast<std::uint32_t>(ErrorCode::aborted), c.rank,
                       fmt::format("rank {} aborted the job: {}", c.rank, reason));
-  if (!c.broken) c.broken = reason;
+  // This thread's (or another's) next wait or call sees the abort word;
+  // `broken` is only written by the thread running collectives.
 }
 
 namespace {
