@@ -186,28 +186,33 @@ def scenario_timeout(comm):
 
 
 def scenario_gil(comm):
-    # While rank 0 waits inside allreduce for a late rank 1, a Python thread
-    # of rank 0 must keep running: the collective released the GIL.
-    if comm.rank == 0:
-        ticks = [0]
-        stop = threading.Event()
+    # Rank 0's main thread sits in an allreduce that rank 1 joins only after
+    # rank 0's *second* thread has met it in an allreduce on a side
+    # communicator. That thread can only run if the first allreduce released
+    # the GIL; if it did not, both ranks stall until the timeout and fail.
+    side_id = comm.config["job_id"] + "-side"
+    with shmring.Communicator(rank=comm.rank, size=comm.size, job_id=side_id,
+                              timeout=comm.config["timeout_s"]) as side:
+        token = np.ones(1, dtype=np.float32)
+        if comm.rank == 0:
+            errors = []
 
-        def spin():
-            while not stop.is_set():
-                ticks[0] += 1
+            def helper():
+                try:
+                    time.sleep(0.2)  # Let the main thread enter its allreduce first.
+                    side.allreduce(np.ones(1, dtype=np.float32))
+                except Exception as e:  # Reported by the main thread.
+                    errors.append(e)
 
-        thread = threading.Thread(target=spin)
-        thread.start()
-        time.sleep(0.05)
-        before = ticks[0]
-        comm.allreduce(np.ones(10, dtype=np.float32))
-        during = ticks[0] - before
-        stop.set()
-        thread.join()
-        check(during > 1000, f"a Python thread advanced only {during} times during allreduce")
-    else:
-        time.sleep(1.0)
-        comm.allreduce(np.ones(10, dtype=np.float32))
+            thread = threading.Thread(target=helper)
+            thread.start()
+            comm.allreduce(token)
+            thread.join()
+            check(not errors, f"side allreduce failed: {errors}")
+        else:
+            side.allreduce(np.ones(1, dtype=np.float32))
+            comm.allreduce(token)
+        check(token[0] == comm.size, "allreduce result")
 
 
 def main():

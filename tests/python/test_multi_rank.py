@@ -27,4 +27,6 @@ def test_timeout_maps_to_timeout_error():
 
 
 def test_gil_released_during_collective():
-    assert_all_ok(run_ranks("gil", 2))
+    """A second Python thread runs (and runs a collective on a second
+    communicator) while the first waits inside allreduce."""
+    assert_all_ok(run_ranks("gil", 2, env={"WORKER_TIMEOUT": "10"}))
