@@ -1,0 +1,213 @@
+// Rendezvous and segment life cycle: mode 0600, the name carries uid, job id
+// and host, it is unlinked once every rank attached, stale segments are
+// replaced, live collisions refused; configuration from the environment.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <filesystem>
+
+#include "config.hpp"
+#include "harness.hpp"
+#include "segment.hpp"
+
+using namespace shmring;
+namespace fs = std::filesystem;
+
+namespace {
+std::string shm_path(const std::string& job) {
+  return "/dev/shm/" + detail::segment_name(job, detail::host_hash());
+}
+bool wait_for_path(const std::string& p, bool present, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (fs::exists(p) == present) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return fs::exists(p) == present;
+}
+}  // namespace
+
+TEST_CASE("the segment is created 0600 under a name with uid, job id and host, then unlinked") {
+  const std::string job = test::unique_job_id("mode");
+  const std::string path = shm_path(job);
+  CHECK(path.find("shmring-" + std::to_string(getuid()) + "-" + job + "-") != std::string::npos);
+  // Rank 0 alone: it creates the segment and waits for rank 1.
+  pid_t r0 = fork();
+  if (r0 == 0) {
+    try {
+      Communicator c(0, 2, job);
+      int x = 1;
+      c.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+      _exit(x == 2 ? 0 : 3);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      _exit(1);
+    }
+  }
+  REQUIRE(wait_for_path(path, true, 20));
+  struct stat st {};
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(st.st_uid == getuid());
+  auto status = test::run_processes(1, [&](int) {
+    Communicator c(1, 2, job);
+    int x = 1;
+    c.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+    SHMRING_CHILD_CHECK(x == 2, "x=%d", x);
+  });
+  int st0 = 0;
+  waitpid(r0, &st0, 0);
+  CHECK(test::decode_status(st0) == 0);
+  CHECK(status[0] == 0);
+  CHECK_FALSE(fs::exists(path));  // unlinked once both attached
+}
+
+TEST_CASE("a stale segment whose creator died is replaced") {
+  const std::string job = test::unique_job_id("stale");
+  const std::string name = detail::segment_name(job, detail::host_hash());
+  {
+    // A leftover of a crashed job: exists, holds no creator lock.
+    boost::interprocess::shared_memory_object shm(boost::interprocess::create_only, name.c_str(),
+                                                  boost::interprocess::read_write);
+    shm.truncate(8192);
+  }
+  REQUIRE(fs::exists("/dev/shm/" + name));
+  auto status = test::run_processes(2, [&](int r) {
+    Communicator c(r, 2, job);
+    int x = r + 1;
+    c.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+    SHMRING_CHILD_CHECK(x == 3, "x=%d", x);
+  });
+  CHECK(test::all_zero(status));
+  CHECK_FALSE(fs::exists("/dev/shm/" + name));
+}
+
+TEST_CASE("a segment whose creator is alive is a collision, reported clearly") {
+  const std::string job = test::unique_job_id("collide");
+  const std::string path = shm_path(job);
+  pid_t holder = fork();
+  if (holder == 0) {
+    try {
+      Options o;
+      o.rank = 0;
+      o.world_size = 2;
+      o.job_id = job;
+      o.timeout_s = 5;
+      Communicator c(o);  // waits for a rank 1 that never comes, then times out
+    } catch (const TimeoutError&) {
+      _exit(0);
+    } catch (...) {
+      _exit(2);
+    }
+    _exit(3);
+  }
+  REQUIRE(wait_for_path(path, true, 20));
+  auto status = test::run_processes(1, [&](int) {
+    bool collided = false;
+    try {
+      Communicator c(0, 2, job);
+    } catch (const InvalidArgumentError& e) {
+      collided = std::string(e.what()).find("alive") != std::string::npos;
+      std::fprintf(stderr, "(expected) %s\n", e.what());
+    }
+    SHMRING_CHILD_CHECK(collided, "a second rank 0 must get a collision error");
+  });
+  CHECK(status[0] == 0);
+  int st = 0;
+  waitpid(holder, &st, 0);
+  CHECK(test::decode_status(st) == 0);  // the holder timed out cleanly...
+  CHECK_FALSE(fs::exists(path));        // ...and removed its segment
+}
+
+TEST_CASE("ranks adopt rank 0's slot settings; the resolved config is reported") {
+  const std::string job = test::unique_job_id("adopt");
+  auto status = test::run_processes(2, [&](int r) {
+    Options o;
+    o.rank = r;
+    o.world_size = 2;
+    o.job_id = job;
+    o.slots = r == 0 ? 3 : 5;
+    o.slot_bytes = r == 0 ? 8192 : 4096;
+    Communicator c(o);
+    SHMRING_CHILD_CHECK(c.config().slots == 3 && c.config().slot_bytes == 8192,
+                        "rank %d uses %zu x %zu", r, c.config().slots, c.config().slot_bytes);
+    std::vector<float> x(10000, 1.0f);
+    c.allreduce(std::span<float>(x), ReduceOp::sum);
+    SHMRING_CHILD_CHECK(x[9999] == 2.0f, "x=%g", x[9999]);
+  });
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("a world-size disagreement fails on every rank, not at the timeout") {
+  const std::string job = test::unique_job_id("wsize");
+  auto status = test::run_processes(2, [&](int r) {
+    Options o;
+    o.rank = r;
+    o.world_size = r == 0 ? 2 : 3;
+    o.job_id = job;
+    o.timeout_s = 30;
+    auto t0 = std::chrono::steady_clock::now();
+    bool refused = false;
+    try {
+      Communicator c(o);
+    } catch (const InvalidArgumentError& e) {
+      refused = std::string(e.what()).find("world size") != std::string::npos;
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    SHMRING_CHILD_CHECK(refused, "rank %d: expected a world size error", r);
+    SHMRING_CHILD_CHECK(s < 10, "rank %d took %.1f s", r, s);
+  });
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values") {
+  auto status = test::run_processes(1, [&](int) {
+    clearenv();
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "4", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+    Config c = detail::resolve_config({});
+    SHMRING_CHILD_CHECK(c.rank == 1 && c.world_size == 4 && c.local_world_size == 2, "torchrun");
+    SHMRING_CHILD_CHECK(c.job_id.find("torch-127.0.0.1_29500") == 0, "job id %s", c.job_id.c_str());
+    setenv("SHMRING_RANK", "2", 1);
+    setenv("SHMRING_WORLD_SIZE", "3", 1);
+    setenv("SHMRING_JOB_ID", "abc", 1);
+    c = detail::resolve_config({});
+    SHMRING_CHILD_CHECK(c.rank == 2 && c.world_size == 3 && c.job_id == "abc", "shmrun vars");
+    auto expect_error = [](const char* var, const char* value, const char* needle) {
+      setenv(var, value, 1);
+      bool ok = false;
+      try {
+        detail::resolve_config({});
+      } catch (const InvalidArgumentError& e) {
+        ok = std::string(e.what()).find(needle) != std::string::npos;
+        if (!ok) std::fprintf(stderr, "message was: %s\n", e.what());
+      }
+      unsetenv(var);
+      return ok;
+    };
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOTS", "1", "SHMRING_SLOTS='1'"), "slots");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "12345", "multiple of 4096"), "bytes");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_TIMEOUT", "soon", "SHMRING_TIMEOUT='soon'"),
+                        "timeout");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_JOB_ID", "a/b", "job id 'a/b'"), "job id");
+    setenv("SHMRING_WORLD_SIZE", "3", 1);
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_RANK", "3", "SHMRING_RANK='3'"), "rank range");
+    clearenv();
+    bool none = false;
+    try {
+      detail::resolve_config({});
+    } catch (const InvalidArgumentError& e) {
+      none = std::string(e.what()).find("shmrun") != std::string::npos;
+    }
+    SHMRING_CHILD_CHECK(none, "no launcher: the message must say how to run");
+  });
+  CHECK(status[0] == 0);
+}

@@ -1,0 +1,123 @@
+#pragma once
+
+// Multi-process test harness: fork real processes, one per rank, and check
+// their exit codes (as Gloo's tests do). A child reports a failure on stderr
+// and exits non-zero; the parent's doctest CHECKs see the statuses.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shmring/shmring.hpp"
+
+namespace shmring::test {
+
+/// A job id no other test (or run) shares: tag, pid, a counter and a random part.
+inline std::string unique_job_id(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  std::random_device rd;
+  return "t-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
+         std::to_string(rd() % 100000);
+}
+
+/// Exit status as a shell shows it: the code, or 128 + signal.
+inline int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+/// Fails the current child: message on stderr, exit 1.
+#define SHMRING_CHILD_CHECK(cond, ...)                                                    \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      std::fprintf(stderr, "%s:%d: child check failed: %s: ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                  \
+      std::fprintf(stderr, "\n");                                                         \
+      std::fflush(stderr);                                                                \
+      _exit(1);                                                                           \
+    }                                                                                     \
+  } while (0)
+
+/// Runs fn(rank) in `n` forked processes and returns their exit statuses.
+/// A child exits 0 when fn returns, 1 when it throws (message on stderr).
+/// Children still running after `timeout_s` are SIGKILLed (status 137).
+inline std::vector<int> run_processes(int n, const std::function<void(int)>& fn,
+                                      double timeout_s = 120) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids(n);
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: uncaught exception: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);  // not exit(): the parent's doctest state must not run twice
+    }
+    pids[r] = pid;
+  }
+  std::vector<int> status(n, -1);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (status[r] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        status[r] = decode_status(st);
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "run_processes: timeout after %.0f s, killing the ranks\n", timeout_s);
+      for (int r = 0; r < n; ++r)
+        if (status[r] == -1) kill(pids[r], SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return status;
+}
+
+/// Runs fn(comm) on `n` ranks of a fresh communicator; returns exit statuses.
+inline std::vector<int> run_ranks(int n, const std::function<void(Communicator&)>& fn,
+                                  double timeout_s = 120, Options base = {}) {
+  const std::string job = unique_job_id("job");
+  return run_processes(
+      n,
+      [&](int r) {
+        Options o = base;
+        o.rank = r;
+        o.world_size = n;
+        o.job_id = job;
+        Communicator comm(o);
+        fn(comm);
+      },
+      timeout_s);
+}
+
+inline bool all_zero(const std::vector<int>& v) {
+  for (int s : v)
+    if (s != 0) return false;
+  return true;
+}
+
+}  // namespace shmring::test
