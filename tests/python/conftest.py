@@ -7,6 +7,7 @@ build/python); SHMRUN names the built launcher.
 import itertools
 import os
 import pathlib
+import random
 import re
 import subprocess
 import sys
@@ -20,7 +21,8 @@ _counter = itertools.count()
 
 def unique_job_id(tag):
     """A job id no other test, run or user's job shares."""
-    return f"pytest-{tag}-{os.getpid()}-{next(_counter)}"
+    # "t-" like the C++ tests' ids, so the core suite's leak check covers these too.
+    return f"t-py-{tag[:24]}-{os.getpid()}-{next(_counter)}-{random.randrange(100000)}"
 
 
 def shm_entries(job_id):
