@@ -89,7 +89,11 @@ def scenario_collectives(comm):
     comm.allreduce(b, shmring.ReduceOp.MAX)
     check(list(b) == list(expected(shmring.ReduceOp.MAX, size, 10).astype(int)), "bytearray")
 
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: torch buffers not checked")
+        return
     torch.set_num_threads(1)
     torch_types = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
                    torch.uint8, torch.int32, torch.int64]
