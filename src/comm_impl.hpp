@@ -25,8 +25,16 @@ enum class CollectiveKind : std::uint32_t {
   broadcast = 4,
   reduce = 5,
   barrier = 6,
+  invalid = 0xff,  ///< a call this rank rejected (bad arguments)
 };
 const char* to_string(CollectiveKind k);
+
+/// Which protocol moves a collective's data (published in the descriptor).
+enum class Algorithm : std::uint32_t {
+  ring = 1,    ///< pipelined slices around the ring (large messages)
+  direct = 2,  ///< one-shot: every rank publishes its data once, readers take it (small)
+};
+const char* to_string(Algorithm a);
 
 /// One collective call as this rank sees it.
 struct CollectiveDesc {
@@ -35,6 +43,7 @@ struct CollectiveDesc {
   DataType dtype;
   ReduceOp op;
   int root;
+  Algorithm algorithm = Algorithm::ring;
 };
 
 struct Communicator::Impl {
@@ -47,13 +56,15 @@ struct Communicator::Impl {
   // Ring edge state, all in slices (never reset, like the shared counters).
   std::uint64_t sent = 0;         // slices published into my slots (== my produced)
   std::uint64_t recvd = 0;        // slices of my left neighbour consumed (== my consumed)
-  std::uint64_t collectives = 0;  // sequence number of the next collective
+  std::uint64_t collectives = 0;  // sequence number of the current / next collective
+  std::uint64_t splits = 0;       // split() calls so far (names sub-communicators)
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;
   int step = -1;
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
+  std::chrono::steady_clock::time_point op_deadline;
 
   detail::RankArea& my_area() { return seg->rank_area(rank); }
   detail::RankArea& area(int r) { return seg->rank_area(r); }
@@ -64,6 +75,8 @@ struct Communicator::Impl {
   /// awaited, for the message.
   void check_progress(int peer, const char* what, std::chrono::steady_clock::time_point deadline,
                       const detail::Counter& counter, std::uint64_t target);
+  /// Waits until `counter` (owned by `peer`) reaches `target`.
+  void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
 
   // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.
@@ -71,16 +84,38 @@ struct Communicator::Impl {
   /// Publishes the slot just filled: produced = ++sent.
   void publish_send();
   /// Waits until left's produced > recvd; returns left's slot (recvd mod K).
+  /// The first call of a collective also checks left's descriptor.
   const std::byte* wait_recv_slot();
   /// Frees the slot just read: consumed = ++recvd.
   void release_recv();
+  bool left_checked = false;
 
-  /// Starts a collective: refuses a broken communicator, publishes our
-  /// descriptor (before any slot write).
+  // ---- Collective framing. ----
+  /// Picks the algorithm for a collective whose largest per-rank buffer in
+  /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
+  /// a payload too big for the direct buffers always goes by ring).
+  Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes) const;
+  /// Starts a collective: refuses a broken communicator, writes our
+  /// descriptor into its ring entry. The ring path announces at once; the
+  /// direct path after writing its data.
   void begin(const CollectiveDesc& d);
-  /// Compares left's descriptor with ours; call after the first
-  /// wait_recv_slot() of the collective. Raises a mismatch on every rank.
-  void check_left_descriptor();
+  /// Publishes announced = collective + 1 (descriptor and direct data visible).
+  void announce();
+  /// Compares peer's descriptor for this collective with ours; raises a
+  /// mismatch on every rank when they differ.
+  void check_descriptor(int peer);
+  /// Waits for peer's announcement of this collective, then checks it.
+  void wait_announced(int peer);
+  /// Direct path: waits until every rank finished collective-2, so that our
+  /// direct buffer (collective mod 2) may be overwritten; returns it.
+  std::byte* acquire_direct_buffer();
+  /// Runs `checks`; on InvalidArgumentError publishes an "invalid call"
+  /// descriptor (so peers fail instead of waiting), ends the collective and
+  /// rethrows.
+  template <class F>
+  void validated(F&& checks);
+  [[noreturn]] void reject_call(const InvalidArgumentError& e);
+  /// Ends a collective: done = collective + 1.
   void end();
 
   /// Records `e` as the job's abort reason (first error wins), marks this
@@ -99,13 +134,33 @@ struct Communicator::Impl {
            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                std::chrono::duration<double>(config.timeout_s));
   }
-  std::chrono::steady_clock::time_point op_deadline;
 };
 
 namespace algo {
-/// Ring allreduce (allreduce_ring.cpp).
+// Ring algorithms (ring.cpp): reduce-scatter and/or allgather passes.
 void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                     DataType dtype, ReduceOp op);
+void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
+                         std::size_t recv_count, DataType dtype, ReduceOp op);
+void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                    DataType dtype);
+// Chain algorithms from / to a root (chain.cpp).
+void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                     int root);
+void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                  DataType dtype, ReduceOp op, int root);
+// One-shot small-message algorithms (direct.cpp).
+void allreduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                      DataType dtype, ReduceOp op);
+void reduce_scatter_direct(Communicator::Impl& c, const void* send, void* recv,
+                           std::size_t recv_count, DataType dtype, ReduceOp op);
+void allgather_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                      DataType dtype);
+void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                      int root);
+void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                   DataType dtype, ReduceOp op, int root);
+void barrier_direct(Communicator::Impl& c);
 }  // namespace algo
 
 }  // namespace shmring

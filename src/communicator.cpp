@@ -4,7 +4,10 @@
 #include <tbb/partitioner.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "comm_impl.hpp"
 #include "config.hpp"
@@ -15,6 +18,10 @@
 namespace shmring {
 
 using detail::Clock;
+
+const char* to_string(Algorithm a) {
+  return a == Algorithm::direct ? "direct" : "ring";
+}
 
 const char* to_string(CollectiveKind k) {
   switch (k) {
@@ -30,11 +37,15 @@ const char* to_string(CollectiveKind k) {
       return "reduce";
     case CollectiveKind::barrier:
       return "barrier";
+    case CollectiveKind::invalid:
+      return "an invalid call";
   }
   return "unknown";
 }
 
 std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
+  if (d.kind == CollectiveKind::invalid) return "an invalid call (rejected its arguments)";
+  if (d.kind == CollectiveKind::barrier) return "barrier()";
   std::string s = fmt::format("{}(count={}, {}", to_string(d.kind), d.count, to_string(d.dtype));
   if (d.kind == CollectiveKind::allreduce || d.kind == CollectiveKind::reduce ||
       d.kind == CollectiveKind::reduce_scatter)
@@ -68,16 +79,16 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
   }
 }
 
+void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
+                                      const char* what) {
+  detail::wait_at_least(counter, target, wait_policy,
+                        [&] { check_progress(peer, what, op_deadline, counter, target); });
+}
+
 std::byte* Communicator::Impl::acquire_send_slot() {
   const std::uint64_t k = seg->slots();
   // Slot (sent mod K) is free once the right neighbour consumed slice sent-K.
-  if (sent >= k) {
-    const std::uint64_t need = sent - k + 1;
-    auto& counter = area(right).consumed;
-    detail::wait_at_least(counter, need, wait_policy, [&] {
-      check_progress(right, "a free slot (its consumed counter)", op_deadline, counter, need);
-    });
-  }
+  if (sent >= k) wait_counter(area(right).consumed, sent - k + 1, right, "a free slot");
   return seg->slot(rank, sent % k);
 }
 
@@ -86,15 +97,25 @@ void Communicator::Impl::publish_send() {
 }
 
 const std::byte* Communicator::Impl::wait_recv_slot() {
-  auto& counter = area(left).produced;
-  detail::wait_at_least(counter, recvd + 1, wait_policy, [&] {
-    check_progress(left, "data (its produced counter)", op_deadline, counter, recvd + 1);
-  });
+  if (!left_checked) {
+    // Check left's descriptor before using its data (and even if it never
+    // writes to us: a rank that disagrees may wait for us in turn).
+    wait_announced(left);
+    left_checked = true;
+  }
+  wait_counter(area(left).produced, recvd + 1, left, "data");
   return seg->slot(left, recvd % seg->slots());
 }
 
 void Communicator::Impl::release_recv() {
   detail::publish(my_area().consumed, ++recvd);
+}
+
+Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload) const {
+  if (kind == CollectiveKind::barrier) return Algorithm::direct;
+  if (payload > seg->direct_bytes()) return Algorithm::ring;
+  if (config.algorithm == "ring") return Algorithm::ring;
+  return Algorithm::direct;
 }
 
 void Communicator::Impl::begin(const CollectiveDesc& d) {
@@ -107,48 +128,82 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   }
   current = d;
   step = -1;
+  left_checked = false;
   op_deadline = deadline();
-  auto& desc = my_area().desc;
+  if (size == 1) return;
+  auto& desc = my_area().desc[collectives % detail::kDescRing];
   desc.count.store(d.count, std::memory_order_relaxed);
   desc.kind.store(static_cast<std::uint32_t>(d.kind), std::memory_order_relaxed);
   desc.dtype.store(static_cast<std::uint32_t>(d.dtype), std::memory_order_relaxed);
   desc.op.store(static_cast<std::uint32_t>(d.op), std::memory_order_relaxed);
   desc.root.store(d.root, std::memory_order_relaxed);
+  desc.algorithm.store(static_cast<std::uint32_t>(d.algorithm), std::memory_order_relaxed);
   desc.seq.store(collectives + 1, std::memory_order_release);
+  if (d.algorithm == Algorithm::ring) announce();
 }
 
-void Communicator::Impl::check_left_descriptor() {
-  // Left published its descriptor before the slot write we just saw, and it
-  // cannot start its next collective before we have read this one's data,
-  // unless it disagrees with us: a changed seq is a mismatch too.
-  auto& desc = area(left).desc;
+void Communicator::Impl::announce() {
+  detail::publish(my_area().announced, collectives + 1);
+}
+
+void Communicator::Impl::wait_announced(int peer) {
+  wait_counter(area(peer).announced, collectives + 1, peer, "the start of the collective");
+  check_descriptor(peer);
+}
+
+std::byte* Communicator::Impl::acquire_direct_buffer() {
+  // Buffer (c mod 2) was last read in collective c-2: every rank must have
+  // finished that one.
+  if (collectives >= detail::kDirectBuffers) {
+    const std::uint64_t need = collectives - detail::kDirectBuffers + 1;
+    for (int q = 0; q < size; ++q)
+      if (q != rank) wait_counter(area(q).done, need, q, "the end of an earlier collective");
+  }
+  return seg->direct(rank, collectives % detail::kDirectBuffers);
+}
+
+void Communicator::Impl::check_descriptor(int peer) {
+  // A peer runs at most K slots or 2 direct buffers ahead, fewer than
+  // kDescRing collectives: entry c is still ours to read. A torn read or a
+  // different seq means the peer is in another collective: a mismatch too.
+  auto& desc = area(peer).desc[collectives % detail::kDescRing];
   std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
   CollectiveDesc theirs{static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
                         desc.count.load(std::memory_order_relaxed),
                         static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
                         static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
-                        desc.root.load(std::memory_order_relaxed)};
+                        desc.root.load(std::memory_order_relaxed),
+                        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
   std::atomic_thread_fence(std::memory_order_acquire);
   bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
   const CollectiveDesc& mine = *current;
+  const bool has_op = mine.kind == CollectiveKind::allreduce ||
+                      mine.kind == CollectiveKind::reduce ||
+                      mine.kind == CollectiveKind::reduce_scatter;
+  const bool has_dtype = mine.kind != CollectiveKind::barrier;
   bool same = !torn && seq == collectives + 1 && theirs.kind == mine.kind &&
-              theirs.count == mine.count && theirs.dtype == mine.dtype &&
-              theirs.root == mine.root &&
-              (theirs.op == mine.op ||
-               (mine.kind != CollectiveKind::allreduce && mine.kind != CollectiveKind::reduce &&
-                mine.kind != CollectiveKind::reduce_scatter));
-  if (same) return;
-  std::string their_call =
-      torn ? std::string("a later collective")
-           : fmt::format("collective #{} {}", seq == 0 ? 0 : seq - 1, describe(theirs));
+              theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
+              theirs.root == mine.root && (!has_op || theirs.op == mine.op);
+  if (same && theirs.algorithm == mine.algorithm) return;
+  if (same) {
+    fail(MismatchError(fmt::format(
+        "rank {}: collective #{} {} runs the {} algorithm here but the {} algorithm on rank {}: "
+        "set SHMRING_ALGO and SHMRING_DIRECT_BYTES alike on every rank",
+        rank, collectives, describe(mine), to_string(mine.algorithm), to_string(theirs.algorithm),
+        peer)));
+  }
+  std::string their_call = torn || seq == 0 || seq > collectives + 1
+                               ? std::string("a different collective")
+                               : fmt::format("collective #{} {}", seq - 1, describe(theirs));
   fail(MismatchError(fmt::format(
       "collective mismatch: rank {} called collective #{} {} but rank {} called {}; every rank "
       "must call the same collectives in the same order with the same count, datatype, "
       "operator and root",
-      rank, collectives, describe(mine), left, their_call)));
+      rank, collectives, describe(mine), peer, their_call)));
 }
 
 void Communicator::Impl::end() {
+  if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   current.reset();
   step = -1;
@@ -242,21 +297,24 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.world_size = cfg.world_size;
   req.slots = cfg.slots;
   req.slot_bytes = cfg.slot_bytes;
+  req.direct_bytes = cfg.direct_bytes;
   req.host_hash = host;
   req.deadline = c.deadline();
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
+  cfg.direct_bytes = c.seg->direct_bytes();
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
 
-  SHMRING_LOG(info,
-              "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
-              "slot_bytes={} threads={} kernels={} timeout={}s spin={}us yield={}us algorithm=ring",
-              SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank,
-              cfg.local_world_size, cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots,
-              cfg.slot_bytes, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us,
-              cfg.yield_us);
+  SHMRING_LOG(
+      info,
+      "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
+      "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
+      "yield={}us",
+      SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
+      cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
+      cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us);
 }
 
 Communicator::~Communicator() = default;
@@ -291,12 +349,16 @@ void Communicator::abort(const std::string& reason) {
 
 namespace {
 
-void validate_buffers(const Communicator::Impl& c, const char* what, const void* send,
-                      const void* recv, std::size_t count, DataType dtype, ReduceOp op) {
+// Argument checks. Each throws InvalidArgumentError naming the rank, the
+// collective, the value and what was expected.
+void check_dtype(const Communicator::Impl& c, const char* what, DataType dtype) {
   if (static_cast<unsigned>(dtype) >= static_cast<unsigned>(kNumDataTypes))
     throw InvalidArgumentError(fmt::format("rank {}: {}: datatype {} is not a DataType (0..{})",
                                            c.rank, what, static_cast<int>(dtype),
                                            kNumDataTypes - 1));
+}
+
+void check_op(const Communicator::Impl& c, const char* what, DataType dtype, ReduceOp op) {
   if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
     throw InvalidArgumentError(fmt::format("rank {}: {}: operator {} is not a ReduceOp (0..{})",
                                            c.rank, what, static_cast<int>(op), kNumReduceOps - 1));
@@ -304,37 +366,241 @@ void validate_buffers(const Communicator::Impl& c, const char* what, const void*
     throw InvalidArgumentError(
         fmt::format("rank {}: {}: avg needs a floating datatype, got {}; use sum and divide",
                     c.rank, what, to_string(dtype)));
-  const std::size_t es = datatype_size(dtype);
-  if (count > SIZE_MAX / es / 2)
-    throw InvalidArgumentError(fmt::format("rank {}: {}: count {} of {} overflows", c.rank, what,
-                                           count, to_string(dtype)));
-  if (count > 0 && (send == nullptr || recv == nullptr))
+}
+
+void check_root(const Communicator::Impl& c, const char* what, int root) {
+  if (root < 0 || root >= c.size)
     throw InvalidArgumentError(
-        fmt::format("rank {}: {}: null buffer with count {}", c.rank, what, count));
-  if (count > 0 && send != recv) {
-    auto s = reinterpret_cast<std::uintptr_t>(send);
-    auto r = reinterpret_cast<std::uintptr_t>(recv);
-    const std::size_t bytes = count * es;
-    if (s < r + bytes && r < s + bytes)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: {}: send and recv overlap without being equal (in place needs send == recv)",
-          c.rank, what));
-  }
+        fmt::format("rank {}: {}: root {} is not a rank of this communicator (0..{})", c.rank, what,
+                    root, c.size - 1));
+}
+
+// Bytes of `count` elements times `factor`, refusing overflow.
+std::size_t checked_bytes(const Communicator::Impl& c, const char* what, std::size_t count,
+                          DataType dtype, std::size_t factor) {
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, datatype_size(dtype) * factor, &bytes) ||
+      bytes > (std::numeric_limits<std::size_t>::max() >> 2))
+    throw InvalidArgumentError(fmt::format("rank {}: {}: count {} of {} (x{}) overflows", c.rank,
+                                           what, count, to_string(dtype), factor));
+  return bytes;
+}
+
+void check_pointer(const Communicator::Impl& c, const char* what, const char* name, const void* p,
+                   std::size_t bytes) {
+  if (bytes > 0 && p == nullptr)
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: {} is null but holds {} bytes", c.rank, what, name, bytes));
+}
+
+// [a, a+a_bytes) and [b, b+b_bytes) must not overlap, except that b may be
+// exactly `in_place` (the collective's in-place form).
+void check_disjoint(const Communicator::Impl& c, const char* what, const void* a,
+                    std::size_t a_bytes, const void* b, std::size_t b_bytes, const void* in_place,
+                    const char* in_place_rule) {
+  if (a_bytes == 0 || b_bytes == 0 || b == in_place) return;
+  auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  if (x < y + b_bytes && y < x + a_bytes)
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: send and recv overlap without being the in-place form ({})",
+                    c.rank, what, in_place_rule));
 }
 
 }  // namespace
 
+void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
+  if (broken)
+    throw AbortedError(
+        fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank, *broken));
+  // Peers that called this collective correctly must not wait for us: our
+  // descriptor says "invalid call", which they report as a mismatch. When
+  // every rank rejects the same call, nobody waits and the communicator
+  // stays usable.
+  if (size > 1) {
+    auto& desc = my_area().desc[collectives % detail::kDescRing];
+    desc.kind.store(static_cast<std::uint32_t>(CollectiveKind::invalid), std::memory_order_relaxed);
+    desc.seq.store(collectives + 1, std::memory_order_release);
+    announce();
+  }
+  end();
+  throw e;
+}
+
+template <class F>
+void Communicator::Impl::validated(F&& checks) {
+  try {
+    checks();
+  } catch (const InvalidArgumentError& e) {
+    reject_call(e);
+  }
+}
+
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
                              ReduceOp op) {
   Impl& c = *impl_;
-  validate_buffers(c, "allreduce", send, recv, count, dtype, op);
-  c.begin({CollectiveKind::allreduce, count, dtype, op, -1});
+  const char* what = "allreduce";
+  std::size_t bytes = 0;
+  c.validated([&] {
+    check_dtype(c, what, dtype);
+    check_op(c, what, dtype, op);
+    bytes = checked_bytes(c, what, count, dtype, 1);
+    check_pointer(c, what, "send", send, bytes);
+    check_pointer(c, what, "recv", recv, bytes);
+    check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
+  });
+  Algorithm a = c.choose(CollectiveKind::allreduce, bytes);
+  c.begin({CollectiveKind::allreduce, count, dtype, op, -1, a});
   if (c.size == 1) {
-    if (count > 0 && send != recv) c.copy(recv, send, count * datatype_size(dtype));
+    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
+  } else if (a == Algorithm::direct) {
+    algo::allreduce_direct(c, send, recv, count, dtype, op);
   } else {
     algo::allreduce_ring(c, send, recv, count, dtype, op);
   }
   c.end();
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                  DataType dtype, ReduceOp op) {
+  Impl& c = *impl_;
+  const char* what = "reduce_scatter";
+  std::size_t bytes = 0, send_bytes = 0;
+  c.validated([&] {
+    check_dtype(c, what, dtype);
+    check_op(c, what, dtype, op);
+    bytes = checked_bytes(c, what, recv_count, dtype, 1);
+    send_bytes = checked_bytes(c, what, recv_count, dtype, static_cast<std::size_t>(c.size));
+    check_pointer(c, what, "send", send, send_bytes);
+    check_pointer(c, what, "recv", recv, bytes);
+    check_disjoint(c, what, send, send_bytes, recv, bytes,
+                   static_cast<const std::byte*>(send) + static_cast<std::size_t>(c.rank) * bytes,
+                   "recv == send + rank * recv_count");
+  });
+  Algorithm a = c.choose(CollectiveKind::reduce_scatter, send_bytes);
+  c.begin({CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a});
+  if (c.size == 1) {
+    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
+  } else if (a == Algorithm::direct) {
+    algo::reduce_scatter_direct(c, send, recv, recv_count, dtype, op);
+  } else {
+    algo::reduce_scatter_ring(c, send, recv, recv_count, dtype, op);
+  }
+  c.end();
+}
+
+void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
+  Impl& c = *impl_;
+  const char* what = "allgather";
+  std::size_t bytes = 0, recv_bytes = 0;
+  c.validated([&] {
+    check_dtype(c, what, dtype);
+    bytes = checked_bytes(c, what, send_count, dtype, 1);
+    recv_bytes = checked_bytes(c, what, send_count, dtype, static_cast<std::size_t>(c.size));
+    check_pointer(c, what, "send", send, bytes);
+    check_pointer(c, what, "recv", recv, recv_bytes);
+    check_disjoint(c, what, recv, recv_bytes, send, bytes,
+                   static_cast<const std::byte*>(recv) + static_cast<std::size_t>(c.rank) * bytes,
+                   "send == recv + rank * send_count");
+  });
+  Algorithm a = c.choose(CollectiveKind::allgather, bytes);
+  c.begin({CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a});
+  if (c.size == 1) {
+    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
+  } else if (a == Algorithm::direct) {
+    algo::allgather_direct(c, send, recv, send_count, dtype);
+  } else {
+    algo::allgather_ring(c, send, recv, send_count, dtype);
+  }
+  c.end();
+}
+
+void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
+  Impl& c = *impl_;
+  const char* what = "broadcast";
+  std::size_t bytes = 0;
+  c.validated([&] {
+    check_dtype(c, what, dtype);
+    check_root(c, what, root);
+    bytes = checked_bytes(c, what, count, dtype, 1);
+    check_pointer(c, what, "buffer", buffer, bytes);
+  });
+  Algorithm a = c.choose(CollectiveKind::broadcast, bytes);
+  c.begin({CollectiveKind::broadcast, count, dtype, ReduceOp::sum, root, a});
+  if (c.size > 1) {
+    if (a == Algorithm::direct)
+      algo::broadcast_direct(c, buffer, count, dtype, root);
+    else
+      algo::broadcast_chain(c, buffer, count, dtype, root);
+  }
+  c.end();
+}
+
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                          ReduceOp op, int root) {
+  Impl& c = *impl_;
+  const char* what = "reduce";
+  std::size_t bytes = 0;
+  c.validated([&] {
+    check_dtype(c, what, dtype);
+    check_op(c, what, dtype, op);
+    check_root(c, what, root);
+    bytes = checked_bytes(c, what, count, dtype, 1);
+    check_pointer(c, what, "send", send, bytes);
+    if (c.rank == root) {
+      check_pointer(c, what, "recv (at the root)", recv, bytes);
+      check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
+    }
+  });
+  Algorithm a = c.choose(CollectiveKind::reduce, bytes);
+  c.begin({CollectiveKind::reduce, count, dtype, op, root, a});
+  if (c.size == 1) {
+    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
+  } else if (a == Algorithm::direct) {
+    algo::reduce_direct(c, send, recv, count, dtype, op, root);
+  } else {
+    algo::reduce_chain(c, send, recv, count, dtype, op, root);
+  }
+  c.end();
+}
+
+void Communicator::barrier() {
+  Impl& c = *impl_;
+  c.begin({CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct});
+  if (c.size > 1) algo::barrier_direct(c);
+  c.end();
+}
+
+Communicator Communicator::split(int color, int key) {
+  Impl& c = *impl_;
+  c.validated([&] {
+    if (color < 0)
+      throw InvalidArgumentError(
+          fmt::format("rank {}: split: color {} must be >= 0", c.rank, color));
+  });
+  // MPI_Comm_split: gather every rank's (color, key), then each group orders
+  // its members by (key, parent rank).
+  std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(c.size));
+  allgather(mine.data(), all.data(), 2, DataType::int64);
+  std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
+  for (int q = 0; q < c.size; ++q)
+    if (all[2 * q] == color) members.push_back({all[2 * q + 1], q});
+  std::sort(members.begin(), members.end());
+  Options o;
+  o.world_size = static_cast<int>(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i)
+    if (members[i].second == c.rank) o.rank = static_cast<int>(i);
+  // A job id of its own, from the parent's, the split's number and the color.
+  const std::string& parent = c.config.job_id;
+  o.job_id = fmt::format("{:.32}.{:08x}.s{}.c{}", parent,
+                         static_cast<std::uint32_t>(detail::fnv1a(parent.data(), parent.size())),
+                         c.splits++, color);
+  o.local_rank = o.rank;
+  o.local_world_size = o.world_size;
+  o.slots = c.config.slots;
+  o.slot_bytes = c.config.slot_bytes;
+  o.threads = c.config.threads;
+  o.timeout_s = c.config.timeout_s;
+  return Communicator(o);
 }
 
 }  // namespace shmring

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "layout.hpp"
 #include "log.hpp"
 
 namespace shmring::detail {
@@ -185,11 +186,12 @@ Config resolve_config(const Options& o) {
     throw InvalidArgumentError(
         fmt::format("job id '{}': expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id));
 
-  c.slots =
-      o.slots ? o.slots
-              : static_cast<std::size_t>(env_int("SHMRING_SLOTS", 2, 1024).value_or(kDefaultSlots));
-  if (c.slots < 2 || c.slots > 1024)
-    throw InvalidArgumentError(fmt::format("slots={}: expected an integer in [2, 1024]", c.slots));
+  c.slots = o.slots ? o.slots
+                    : static_cast<std::size_t>(
+                          env_int("SHMRING_SLOTS", 2, kMaxSlots).value_or(kDefaultSlots));
+  if (c.slots < 2 || c.slots > kMaxSlots)
+    throw InvalidArgumentError(
+        fmt::format("slots={}: expected an integer in [2, {}]", c.slots, kMaxSlots));
   c.slot_bytes =
       o.slot_bytes
           ? o.slot_bytes
@@ -199,6 +201,20 @@ Config resolve_config(const Options& o) {
     throw InvalidArgumentError(fmt::format(
         "slot bytes={}: expected a multiple of 4096 in [4096, 2^30] (SHMRING_SLOT_BYTES)",
         c.slot_bytes));
+
+  c.direct_bytes = static_cast<std::size_t>(
+      env_int("SHMRING_DIRECT_BYTES", 4096, 1 << 26).value_or(kDefaultDirectBytes));
+  if (c.direct_bytes % 4096 != 0)
+    throw InvalidArgumentError(fmt::format(
+        "SHMRING_DIRECT_BYTES='{}': expected a multiple of 4096 in [4096, 2^26]", c.direct_bytes));
+  if (auto a = env_string("SHMRING_ALGO")) {
+    std::string v = *a;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v != "ring" && v != "direct" && v != "auto")
+      throw InvalidArgumentError(
+          fmt::format("SHMRING_ALGO='{}': expected ring, direct or auto", *a));
+    c.algorithm = v;
+  }
 
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   int default_threads = std::max(1, static_cast<int>(cores) / c.local_world_size);

@@ -14,6 +14,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kDefaultSlots = 4;
 inline constexpr std::size_t kDefaultSlotBytes = 256 * 1024;
 inline constexpr double kDefaultTimeoutS = 300.0;
+inline constexpr std::size_t kDefaultDirectBytes = 64 * 1024;
 
 /// Environment variable `name`, or nullopt when unset or empty.
 std::optional<std::string> env_string(const char* name);

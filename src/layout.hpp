@@ -7,6 +7,8 @@
 //   [RankArea x world_size       ] page-aligned, kRankAreaBytes each
 //   [slots: rank 0 slot 0..K-1, rank 1 slot 0..K-1, ...] page-aligned,
 //                                  slot_bytes each
+//   [direct buffers: rank 0 buffer 0..1, rank 1 ...]    page-aligned,
+//                                  direct_bytes each (small-message path)
 //
 // Every field a rank writes in a hot loop sits on its own 128-byte line (two
 // 64-byte lines: adjacent-line prefetch would otherwise couple them).
@@ -24,6 +26,13 @@ inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion = 1;
 inline constexpr std::size_t kReasonBytes = 1024;
+/// Descriptors of the last kDescRing collectives, per rank. A left neighbour
+/// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
+/// keeps the entry a reader needs from being overwritten.
+inline constexpr std::size_t kDescRing = 64;
+inline constexpr std::size_t kMaxSlots = kDescRing - 2;
+/// Direct (one-shot) buffers per rank: collective c uses buffer c mod 2.
+inline constexpr std::size_t kDirectBuffers = 2;
 
 // Header status word.
 inline constexpr std::uint32_t kStatusInit = 0;
@@ -48,15 +57,17 @@ struct alignas(kLine) Counter {
   std::atomic<std::uint32_t> waiters;
 };
 
-/// What a rank is about to do: published before its first slot write of a
-/// collective, and compared by its right neighbour before the first read.
-struct alignas(kLine) Descriptor {
+/// What a rank is about to do in collective c: entry c mod kDescRing,
+/// written before its first slot write (and before `announced` = c+1), and
+/// compared by its readers before they use its data.
+struct alignas(64) Descriptor {
   std::atomic<std::uint64_t> seq;  // collective sequence number + 1 (0 = none yet)
   std::atomic<std::uint64_t> count;
   std::atomic<std::uint32_t> kind;
   std::atomic<std::uint32_t> dtype;
   std::atomic<std::uint32_t> op;
   std::atomic<std::int32_t> root;
+  std::atomic<std::uint32_t> algorithm;  // ring or direct
 };
 
 struct alignas(kLine) RankInfo {
@@ -66,10 +77,12 @@ struct alignas(kLine) RankInfo {
 };
 
 struct RankArea {
-  Counter produced;  // slices this rank has published into its own slots
-  Counter consumed;  // slices of its left neighbour it has finished reading
-  Descriptor desc;
+  Counter produced;   // slices this rank has published into its own slots
+  Counter consumed;   // slices of its left neighbour it has finished reading
+  Counter announced;  // collectives whose descriptor (and direct data) is published
+  Counter done;       // collectives this rank has finished
   RankInfo info;
+  Descriptor desc[kDescRing];
 };
 inline constexpr std::size_t kRankAreaBytes = sizeof(RankArea);
 
@@ -83,6 +96,8 @@ struct alignas(kLine) Header {
   std::uint64_t total_bytes;
   std::uint64_t rank_area_offset;
   std::uint64_t slot_offset;
+  std::uint64_t direct_bytes;
+  std::uint64_t direct_offset;
   std::uint64_t job_nonce;
   std::uint64_t host_hash;
   std::int32_t creator_pid;
@@ -101,6 +116,7 @@ inline constexpr std::size_t kHeaderBytes = (sizeof(Header) + kPage - 1) / kPage
 struct Layout {
   std::uint64_t rank_area_offset;
   std::uint64_t slot_offset;
+  std::uint64_t direct_offset;
   std::uint64_t total_bytes;
 };
 
@@ -110,14 +126,18 @@ inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
 
 /// nullopt if the sizes overflow 64 bits.
 inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint64_t slots,
-                                            std::uint64_t slot_bytes) {
+                                            std::uint64_t slot_bytes, std::uint64_t direct_bytes) {
   Layout l{};
   l.rank_area_offset = kHeaderBytes;
+  if (world_size > (1u << 20)) return std::nullopt;
   l.slot_offset = round_up(kHeaderBytes + world_size * kRankAreaBytes, kPage);
-  std::uint64_t per_rank = 0, all = 0;
+  std::uint64_t per_rank = 0, all = 0, direct = 0;
   if (__builtin_mul_overflow(slots, slot_bytes, &per_rank)) return std::nullopt;
   if (__builtin_mul_overflow(per_rank, world_size, &all)) return std::nullopt;
-  if (__builtin_add_overflow(all, l.slot_offset, &l.total_bytes)) return std::nullopt;
+  if (__builtin_add_overflow(all, l.slot_offset, &l.direct_offset)) return std::nullopt;
+  if (__builtin_mul_overflow(direct_bytes, kDirectBuffers * world_size, &direct))
+    return std::nullopt;
+  if (__builtin_add_overflow(direct, l.direct_offset, &l.total_bytes)) return std::nullopt;
   return l;
 }
 
@@ -138,7 +158,7 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::int32_t>::is_always_lock_free);
 static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words must be 32-bit");
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
-static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == kLine);
-static_assert(sizeof(RankArea) == 4 * kLine);
+static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == 64);
+static_assert(sizeof(RankArea) % kLine == 0);
 
 }  // namespace shmring::detail

@@ -138,7 +138,7 @@ bool Segment::rank_alive(int r) const {
 }
 
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
-  auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes);
+  auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
   if (!layout)
     throw InvalidArgumentError(fmt::format("segment of {} ranks x {} slots x {} bytes overflows",
                                            req.world_size, req.slots, req.slot_bytes));
@@ -197,11 +197,11 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     int err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
     if (err != 0) {
       std::string reason = fmt::format(
-          "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x {} "
-          "slots x {} bytes + {} bytes of header) and /dev/shm has {} free ({}); lower "
-          "SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
+          "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x ({} "
+          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header) and /dev/shm has {} "
+          "free ({}); lower SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
           req.name, layout->total_bytes, req.world_size, req.slots, req.slot_bytes,
-          layout->slot_offset, shm_dir_free(), std::strerror(err));
+          req.direct_bytes, layout->slot_offset, shm_dir_free(), std::strerror(err));
       // Tell the other ranks through a header-only segment, then remove it.
       if (req.world_size > 1 && ftruncate(seg->fd_, kHeaderBytes) == 0) {
         try {
@@ -236,6 +236,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     seg->layout_ = *layout;
     seg->slots_ = req.slots;
     seg->slot_bytes_ = req.slot_bytes;
+    seg->direct_bytes_ = req.direct_bytes;
     // Fresh tmpfs pages are zero: counters, descriptors and abort word start at 0.
     Header& h = *seg->header_;
     h.magic = kMagic;
@@ -246,6 +247,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     h.total_bytes = layout->total_bytes;
     h.rank_area_offset = layout->rank_area_offset;
     h.slot_offset = layout->slot_offset;
+    h.direct_bytes = req.direct_bytes;
+    h.direct_offset = layout->direct_offset;
     h.job_nonce = fnv1a(&h, sizeof(void*),
                         static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
     h.host_hash = req.host_hash;
@@ -327,13 +330,16 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                          h->host_hash, req.host_hash));
     // Slot settings follow rank 0's; recompute the layout from them and never
     // use an offset read from shared memory.
-    if (h->slots < 2 || h->slots > 1024 || h->slot_bytes < kPage || h->slot_bytes > (1u << 30) ||
-        h->slot_bytes % kPage != 0)
-      refuse(fmt::format("bad slot settings {} x {} bytes", h->slots, h->slot_bytes));
-    auto l = compute_layout(req.world_size, h->slots, h->slot_bytes);
+    if (h->slots < 2 || h->slots > kMaxSlots || h->slot_bytes < kPage ||
+        h->slot_bytes > (1u << 30) || h->slot_bytes % kPage != 0 || h->direct_bytes < kPage ||
+        h->direct_bytes > (1u << 26) || h->direct_bytes % kPage != 0)
+      refuse(fmt::format("bad slot settings {} x {} bytes, direct {} bytes", h->slots,
+                         h->slot_bytes, h->direct_bytes));
+    auto l = compute_layout(req.world_size, h->slots, h->slot_bytes, h->direct_bytes);
     std::uint64_t fsize = file_size(fd);
     if (!l || l->total_bytes != h->total_bytes || l->slot_offset != h->slot_offset ||
-        l->rank_area_offset != h->rank_area_offset || fsize != l->total_bytes)
+        l->rank_area_offset != h->rank_area_offset || l->direct_offset != h->direct_offset ||
+        fsize != l->total_bytes)
       refuse(fmt::format("sizes disagree: header says {} bytes, the file has {}, expected {}",
                          h->total_bytes, fsize, l ? l->total_bytes : 0));
     if (h->slots != req.slots || h->slot_bytes != req.slot_bytes)
@@ -342,6 +348,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     seg->layout_ = *l;
     seg->slots_ = h->slots;
     seg->slot_bytes_ = h->slot_bytes;
+    seg->direct_bytes_ = h->direct_bytes;
     seg->fd_ = fd;
     break;
   }

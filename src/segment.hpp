@@ -22,6 +22,7 @@ struct SegmentRequest {
   int world_size = 1;
   std::uint64_t slots = 0;
   std::uint64_t slot_bytes = 0;
+  std::uint64_t direct_bytes = 0;
   std::uint64_t host_hash = 0;
   std::chrono::steady_clock::time_point deadline;
 };
@@ -49,6 +50,12 @@ class Segment {
   std::byte* slot(int r, std::uint64_t k) {
     return base_ + layout_.slot_offset + (static_cast<std::uint64_t>(r) * slots_ + k) * slot_bytes_;
   }
+  /// Direct-path buffer `b` (0 or 1) of rank `r`.
+  std::byte* direct(int r, std::uint64_t b) {
+    return base_ + layout_.direct_offset +
+           (static_cast<std::uint64_t>(r) * kDirectBuffers + b) * direct_bytes_;
+  }
+  std::uint64_t direct_bytes() const { return direct_bytes_; }
   std::uint64_t slots() const { return slots_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::uint64_t total_bytes() const { return layout_.total_bytes; }
@@ -67,7 +74,7 @@ class Segment {
   std::byte* base_ = nullptr;
   Header* header_ = nullptr;
   Layout layout_{};
-  std::uint64_t slots_ = 0, slot_bytes_ = 0;
+  std::uint64_t slots_ = 0, slot_bytes_ = 0, direct_bytes_ = 0;
   int fd_ = -1;
   int rank_ = 0;
   int world_size_ = 1;

@@ -23,12 +23,15 @@
 
 namespace shmring::test {
 
-/// A job id no other test (or run) shares: tag, pid, a counter and a random part.
+/// A job id no other test (or run) shares: the run's tag (SHMRING_TEST_TAG,
+/// set by tools/check so that its leak check sees only its own run), the
+/// test's tag, pid, a counter and a random part.
 inline std::string unique_job_id(const std::string& tag) {
   static std::atomic<int> counter{0};
   std::random_device rd;
-  return "t-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" +
-         std::to_string(rd() % 100000);
+  const char* run = std::getenv("SHMRING_TEST_TAG");
+  return "t-" + std::string(run ? run : "") + tag + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(counter++) + "-" + std::to_string(rd() % 100000);
 }
 
 /// Exit status as a shell shows it: the code, or 128 + signal.

@@ -1,32 +1,43 @@
 // shmrun: start N local workers of one shmring job.
 //
-//   shmrun -n N [options] -- program [args...]
+//   shmrun -n N [options] [--] program [args...]
+//   shmrun --list | --cleanup
 //
-// Every worker gets SHMRING_RANK / SHMRING_WORLD_SIZE / SHMRING_JOB_ID (a fresh
-// random job id) and torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
-// LOCAL_WORLD_SIZE. The launcher waits for all of them; when one fails
-// (non-zero exit or a signal) the others get SIGTERM, then SIGKILL after a
-// grace period, and shmrun exits with the first failure's status (128+signal
-// for a signal), like mpirun.
+// Every worker gets SHMRING_RANK / SHMRING_WORLD_SIZE / SHMRING_LOCAL_RANK /
+// SHMRING_LOCAL_WORLD_SIZE / SHMRING_JOB_ID (a fresh random job id unless
+// --job-id is given) and torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
+// LOCAL_WORLD_SIZE (plus GROUP_RANK=0, ROLE_RANK...), and MASTER_ADDR=127.0.0.1
+// and a free MASTER_PORT unless those are already set, so that torch scripts
+// using init_method="env://" run unchanged.
+//
+// Workers run in a process group of their own, die with the launcher
+// (PR_SET_PDEATHSIG) and are supervised from one thread: when one fails
+// (non-zero exit or a signal) the others get SIGTERM, then SIGKILL after
+// --grace seconds, and shmrun prints one line naming the rank and exits with
+// its status (128+signal for a signal), like mpirun. SIGINT/SIGTERM/SIGHUP
+// are forwarded to the workers; a second one kills them at once. --timeout
+// ends the job with status 124, like timeout(1). Segments of the job left by
+// workers that died before everyone attached are removed at the end.
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
-#include <cerrno>
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "config.hpp"
+#include "segment.hpp"
 #include "shmring/version.hpp"
+#include "shmrun_job.hpp"
 
 namespace {
 
@@ -36,134 +47,195 @@ std::string random_job_id() {
   return fmt::format("{:x}-{:016x}", static_cast<unsigned>(getpid()), x);
 }
 
-volatile sig_atomic_t g_signal = 0;
-void on_signal(int sig) {
-  g_signal = sig;
+bool valid_env_name(const std::string& name) {
+  if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+      return false;
+  return true;
 }
 
-int status_code(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+// "VAR=VALUE" sets VAR; a bare "VAR" passes on the launcher's value (mpirun's -x).
+std::pair<std::string, std::string> parse_export(const std::string& arg) {
+  auto eq = arg.find('=');
+  std::string name = arg.substr(0, eq);
+  if (!valid_env_name(name))
+    throw CLI::ValidationError(
+        "-x", fmt::format("'{}': expected VAR=VALUE or VAR, VAR made of [A-Za-z0-9_]", arg));
+  if (eq != std::string::npos) return {name, arg.substr(eq + 1)};
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr)
+    throw CLI::ValidationError("-x", fmt::format("'{}' is not set in shmrun's environment", name));
+  return {name, v};
 }
 
-std::string status_text(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                       strsignal(WTERMSIG(status)));
-  return "stopped";
+// A segment younger than this may belong to a rank 0 that is still creating
+// it (its liveness lock is taken just after the file appears).
+constexpr double kMinStaleAgeS = 1.0;
+
+double age_s(const std::string& name) {
+  struct stat st {};
+  if (::stat(("/dev/shm/" + name).c_str(), &st) != 0) return 0;
+  return std::difftime(std::time(nullptr), st.st_ctime);
+}
+
+// With a job id, only that job's segments ("shmring-<uid>-<job id>-<host>").
+int list_or_cleanup(bool cleanup, const std::string& job_id) {
+  namespace d = shmring::detail;
+  auto segments = d::list_segments();
+  if (!job_id.empty()) {
+    const std::string prefix = fmt::format("shmring-{}-{}-", getuid(), job_id);
+    std::erase_if(segments, [&](const d::SegmentInfo& s) {
+      return s.name.rfind(prefix, 0) != 0 || s.name.find('-', prefix.size()) != std::string::npos;
+    });
+  }
+  if (segments.empty()) {
+    std::printf("shmrun: no shmring segment of user %u%s in /dev/shm\n", getuid(),
+                job_id.empty() ? "" : fmt::format(" and job {}", job_id).c_str());
+    return 0;
+  }
+  int failed = 0;
+  for (const auto& s : segments) {
+    const char* state = s.creator_alive ? "alive" : "dead";
+    std::string what =
+        fmt::format("{}  {} bytes  creator pid {} ({})", s.name, s.bytes, s.creator_pid, state);
+    if (!cleanup) {
+      std::printf("%s\n", what.c_str());
+    } else if (s.creator_alive) {
+      std::printf("kept    %s\n", what.c_str());
+    } else if (age_s(s.name) < kMinStaleAgeS) {
+      std::printf("kept    %s: created under %g s ago\n", what.c_str(), kMinStaleAgeS);
+    } else if (::shm_unlink(("/" + s.name).c_str()) == 0) {
+      std::printf("removed %s\n", what.c_str());
+    } else {
+      std::fprintf(stderr, "shmrun: cannot remove %s: %s\n", s.name.c_str(), std::strerror(errno));
+      ++failed;
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+// mpirun users type "-np 4", which CLI11 would read as "-n p". Rewrite it to
+// "--np" among shmrun's own options only, never in the program's arguments.
+void accept_mpirun_np(int argc, char** argv) {
+  static char long_np[] = "--np";
+  const std::vector<std::string> with_value = {
+      "-n", "--np",      "--nproc-per-node", "--bind-to",    "--timeout", "--grace",
+      "-x", "--threads", "--slots",          "--slot-bytes", "--job-id"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") return;
+    if (a == "-np") {
+      argv[i] = long_np;
+    } else if (std::find(with_value.begin(), with_value.end(), a) != with_value.end()) {
+      ++i;  // its value
+    } else if (a.empty() || a[0] != '-') {
+      return;  // the program
+    }
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"shmrun: launch N local workers of a shmring job"};
-  int np = 0;
-  double grace_s = 3.0;
-  std::vector<std::string> command;
-  app.add_option("-n,--np", np, "Number of worker processes")
-      ->required()
-      ->check(CLI::Range(1, 4096));
-  app.add_option("--grace", grace_s, "Seconds between SIGTERM and SIGKILL on teardown")
-      ->check(CLI::Range(0.0, 3600.0));
-  app.add_option("command", command, "Program and its arguments (after --)")->required();
+  accept_mpirun_np(argc, argv);
+  namespace l = shmring::launcher;
+  CLI::App app{
+      "shmrun: launch N local workers of a shmring job\n\n"
+      "  shmrun -n N [options] [--] program [args...]\n"
+      "  shmrun --list | --cleanup\n"};
+  app.get_formatter()->column_width(32);
+  l::JobSpec spec;
+  std::string bind_to = "none";
+  std::vector<std::string> exports;
+  int threads = 0;
+  std::size_t slots = 0, slot_bytes = 0;
+  bool list = false, cleanup = false;
+
+  auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
+                            "Number of worker processes (ranks); mpirun's -np works too")
+                 ->check(CLI::Range(1, 4096));
+  app.add_flag("--tag-output", spec.tag_output,
+               "Prefix every line of stdout and stderr with '[rank] '");
+  app.add_option("--bind-to", bind_to,
+                 "core: pin rank r to core r mod cores (r*T.. with --threads T); none: no pinning")
+      ->check(CLI::IsMember({"core", "none"}))
+      ->capture_default_str();
+  app.add_flag("--report-bindings", spec.report_bindings,
+               "Print each rank's pid and cores to stderr");
+  app.add_option("--timeout", spec.timeout_s,
+                 "Seconds the whole job may run; then it is terminated and shmrun exits 124")
+      ->check(CLI::Range(0.001, 1e9));
+  app.add_option("--grace", spec.grace_s, "Seconds between SIGTERM and SIGKILL on teardown")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("-x", exports,
+                 "VAR=VALUE (or VAR: its current value) for every worker; repeatable")
+      ->allow_extra_args(false)
+      ->type_name("VAR=VALUE");
+  app.add_option("--threads", threads, "Reduction threads per rank (SHMRING_THREADS)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")
+      ->check(CLI::Range(2, 1024));
+  app.add_option("--slot-bytes", slot_bytes,
+                 "Bytes per slot, a multiple of 4096 (SHMRING_SLOT_BYTES)")
+      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30) &
+              CLI::Validator(
+                  [](std::string& v) -> std::string {
+                    return std::stoull(v) % 4096 == 0
+                               ? ""
+                               : fmt::format("{}: expected a multiple of 4096", v);
+                  },
+                  "MULTIPLE OF 4096"));
+  app.add_option("--job-id", spec.job_id,
+                 "Job id shared by the ranks (default: random); names the segment")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            return shmring::detail::valid_job_id(v)
+                       ? ""
+                       : fmt::format("'{}': expected 1 to 64 characters from [A-Za-z0-9._-]", v);
+          },
+          "ID"));
+  app.add_flag("--list", list,
+               "List this user's shmring segments in /dev/shm (of job --job-id if given), exit");
+  app.add_flag("--cleanup", cleanup,
+               "Remove this user's shmring segments (of job --job-id if given) whose creator is "
+               "dead, and exit");
   app.set_version_flag("--version", std::string("shmrun (shmring) ") + SHMRING_VERSION_STRING);
-  CLI11_PARSE(app, argc, argv);
+  // Everything from the program name on belongs to the program, with or
+  // without "--": `shmrun -n 2 prog -n 5` passes "-n 5" to prog.
+  app.prefix_command();
+  app.footer(
+      "Environment of each worker: SHMRING_RANK, SHMRING_WORLD_SIZE, SHMRING_LOCAL_RANK,\n"
+      "SHMRING_LOCAL_WORLD_SIZE, SHMRING_JOB_ID; RANK, WORLD_SIZE, LOCAL_RANK,\n"
+      "LOCAL_WORLD_SIZE (torchrun); MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set.\n"
+      "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 127 if\n"
+      "the program cannot be run.");
 
-  const std::string job_id = random_job_id();
-  std::vector<pid_t> pids(np, -1);
-  const pid_t launcher = getpid();
-
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-
-  std::vector<char*> args;
-  for (auto& a : command) args.push_back(a.data());
-  args.push_back(nullptr);
-
-  for (int r = 0; r < np; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("shmrun: fork");
-      for (int i = 0; i < r; ++i) kill(pids[i], SIGKILL);
-      return 1;
+  try {
+    app.parse(argc, argv);
+    if (list && cleanup) throw CLI::ValidationError("--list and --cleanup: give only one");
+    if (!list && !cleanup) {
+      spec.command = app.remaining();
+      if (!spec.command.empty() && spec.command.front() == "--")
+        spec.command.erase(spec.command.begin());
+      if (np->count() == 0) throw CLI::RequiredError("-n,--np");
+      if (spec.command.empty())
+        throw CLI::RequiredError("program (give it after the options, e.g. -- ./prog args)");
     }
-    if (pid == 0) {
-      // Die with the launcher, even if it is SIGKILLed.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(1);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
-      set("SHMRING_RANK", std::to_string(r));
-      set("SHMRING_WORLD_SIZE", std::to_string(np));
-      set("SHMRING_LOCAL_RANK", std::to_string(r));
-      set("SHMRING_LOCAL_WORLD_SIZE", std::to_string(np));
-      set("SHMRING_JOB_ID", job_id);
-      set("RANK", std::to_string(r));
-      set("WORLD_SIZE", std::to_string(np));
-      set("LOCAL_RANK", std::to_string(r));
-      set("LOCAL_WORLD_SIZE", std::to_string(np));
-      execvp(args[0], args.data());
-      std::fprintf(stderr, "shmrun: rank %d: cannot run '%s': %s\n", r, args[0],
-                   std::strerror(errno));
-      _exit(127);
-    }
-    pids[r] = pid;
+    for (const auto& x : exports) spec.env.push_back(parse_export(x));
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a usage error exits 2, as most tools do.
+    return app.exit(e) == 0 ? 0 : 2;
   }
+  if (list || cleanup) return list_or_cleanup(cleanup, spec.job_id);
 
-  int alive = np;
-  int first_status = -1, first_rank = -1;
-  bool terminating = false;
-  auto term_deadline = std::chrono::steady_clock::time_point::max();
-  auto signal_all = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) kill(p, sig);
-  };
-  while (alive > 0) {
-    int status = 0;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      int r = -1;
-      for (int i = 0; i < np; ++i)
-        if (pids[i] == p) r = i;
-      if (r < 0) continue;
-      pids[r] = -1;
-      --alive;
-      if (status_code(status) != 0 && first_status < 0) {
-        first_status = status;
-        first_rank = r;
-        if (!terminating && alive > 0) {
-          terminating = true;
-          signal_all(SIGTERM);
-          term_deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(grace_s));
-        }
-      }
-      continue;
-    }
-    if (g_signal != 0) {
-      int sig = g_signal;
-      g_signal = 0;
-      signal_all(sig);
-      if (terminating) signal_all(SIGKILL);  // a second signal: no more waiting
-      terminating = true;
-      term_deadline = std::chrono::steady_clock::now() +
-                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                          std::chrono::duration<double>(grace_s));
-    }
-    if (terminating && std::chrono::steady_clock::now() >= term_deadline) signal_all(SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (first_status >= 0) {
-    std::fprintf(stderr, "shmrun: rank %d (of %d) %s; job terminated\n", first_rank, np,
-                 status_text(first_status).c_str());
-    return status_code(first_status);
-  }
-  return 0;
+  // Flags come after -x, so an explicit --threads wins over -x SHMRING_THREADS.
+  if (threads > 0) spec.env.emplace_back("SHMRING_THREADS", std::to_string(threads));
+  if (slots > 0) spec.env.emplace_back("SHMRING_SLOTS", std::to_string(slots));
+  if (slot_bytes > 0) spec.env.emplace_back("SHMRING_SLOT_BYTES", std::to_string(slot_bytes));
+  spec.bind_to_core = bind_to == "core";
+  spec.cores_per_rank = threads > 0 ? threads : 1;
+  if (spec.job_id.empty()) spec.job_id = random_job_id();
+  return l::run_job(spec);
 }

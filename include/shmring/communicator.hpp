@@ -39,8 +39,10 @@ struct Config {
   std::size_t slot_bytes = 0;
   int threads = 1;
   double timeout_s = 0;
-  double spin_us = 0;   ///< Busy-wait (pause) phase of a wait, microseconds.
-  double yield_us = 0;  ///< sched_yield phase after the spin, before futex sleep.
+  double spin_us = 0;              ///< Busy-wait (pause) phase of a wait, microseconds.
+  double yield_us = 0;             ///< sched_yield phase after the spin, before futex sleep.
+  std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
+  std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
   std::string segment_name;
   std::size_t segment_bytes = 0;
 };
@@ -102,6 +104,56 @@ class SHMRING_API Communicator {
   template <class T>
   void allreduce(std::span<T> buffer, ReduceOp op) {
     allreduce(buffer.data(), buffer.data(), buffer.size(), datatype_of_v<std::remove_cv_t<T>>, op);
+  }
+
+  /// Reduce-scatter: rank r receives, in `recv[0..recv_count)`, the
+  /// reduction over ranks of `send[r*recv_count .. (r+1)*recv_count)`.
+  /// `send` holds size()*recv_count elements. In place when
+  /// recv == send + rank()*recv_count; otherwise they must not overlap.
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                      ReduceOp op);
+
+  /// Allgather: `recv` (size()*send_count elements) receives every rank's
+  /// `send` (send_count elements) in rank order. In place when
+  /// send == recv + rank()*send_count.
+  void allgather(const void* send, void* recv, std::size_t send_count, DataType dtype);
+
+  /// Broadcast: every rank's `buffer` (count elements) receives root's.
+  /// Throws InvalidArgumentError when root is not in [0, size()).
+  void broadcast(void* buffer, std::size_t count, DataType dtype, int root);
+
+  /// Reduce: root's `recv` receives the reduction over ranks of `send`
+  /// (count elements each). `recv` is ignored (may be null) on other ranks;
+  /// at the root, recv == send reduces in place.
+  void reduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+              int root);
+
+  /// Returns once every rank has entered the barrier.
+  void barrier();
+
+  /// MPI_Comm_split: a new communicator of the ranks that pass the same
+  /// `color` (>= 0), ranked by (key, rank in this communicator), with its
+  /// own segment. Collective over this communicator; blocks until the new
+  /// group has attached.
+  Communicator split(int color, int key = 0);
+
+  template <class T>
+  void broadcast(std::span<T> buffer, int root) {
+    broadcast(buffer.data(), buffer.size(), datatype_of_v<std::remove_cv_t<T>>, root);
+  }
+  template <class T>
+  void allgather(std::span<const T> send, std::span<T> recv) {
+    if (recv.size() != send.size() * static_cast<std::size_t>(size()))
+      throw InvalidArgumentError("allgather: recv has " + std::to_string(recv.size()) +
+                                 " elements, expected size() x " + std::to_string(send.size()));
+    allgather(send.data(), recv.data(), send.size(), datatype_of_v<std::remove_cv_t<T>>);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    if (send.size() != recv.size() * static_cast<std::size_t>(size()))
+      throw InvalidArgumentError("reduce_scatter: send has " + std::to_string(send.size()) +
+                                 " elements, expected size() x " + std::to_string(recv.size()));
+    reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of_v<std::remove_cv_t<T>>, op);
   }
 
   /// Marks the job aborted: every rank's pending and later collectives throw

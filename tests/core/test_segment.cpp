@@ -84,6 +84,7 @@ TEST_CASE("a stale segment whose creator died is replaced") {
   });
   CHECK(test::all_zero(status));
   CHECK_FALSE(fs::exists("/dev/shm/" + name));
+  boost::interprocess::shared_memory_object::remove(name.c_str());  // even if the above failed
 }
 
 TEST_CASE("a segment whose creator is alive is a collision, reported clearly") {

@@ -1,0 +1,325 @@
+// kernel_bench: the reduction kernels two ways, side by side in one run.
+//   - shmring::detail::reduce: GCC target_clones (AVX-512 / AVX2 / SSE2,
+//     picked by the loader), the library's kernels;
+//   - Highway (libhwy 1.0.3): the same three kernels with HWY_DYNAMIC_DISPATCH
+//     over Highway's compiled targets.
+// Kernels: float32 sum, float32 max (NaN propagates) and bfloat16 sum
+// (widened to float32, rounded back to nearest even). Sizes are per input
+// array: 4 KiB (L1), 256 KiB (L2), 64 MiB (DRAM). GB/s counts the bytes a
+// call moves: two inputs read and one output written. Both versions must
+// give identical bits; a difference is reported and fails the run.
+//
+//   build/bench/kernel_bench [seconds-per-cell]
+
+// Highway compiles this file once per target, re-including it from here.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/kernel_bench.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+
+HWY_BEFORE_NAMESPACE();
+namespace shmring::bench::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void sum_f32(float* HWY_RESTRICT d, const float* a, const float* b, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::Add(hn::LoadU(df, a + i), hn::LoadU(df, b + i)), df, d + i);
+  for (; i < n; ++i) d[i] = a[i] + b[i];
+}
+
+// Same selection as the library's vmax, so NaN payloads agree bit for bit:
+// r = a < b ? b : a; then a NaN in a, then a NaN in b, wins.
+void max_f32(float* HWY_RESTRICT d, const float* a, const float* b, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto x = hn::LoadU(df, a + i);
+    auto y = hn::LoadU(df, b + i);
+    auto r = hn::IfThenElse(hn::Lt(x, y), y, x);
+    // IsNaN, not Ne(x, x): Highway's Ne is an ordered compare (false on NaN).
+    r = hn::IfThenElse(hn::IsNaN(x), x, r);
+    r = hn::IfThenElse(hn::IsNaN(y), y, r);
+    hn::StoreU(r, df, d + i);
+  }
+  for (; i < n; ++i) {
+    float r = a[i] < b[i] ? b[i] : a[i];
+    r = a[i] != a[i] ? a[i] : r;
+    d[i] = b[i] != b[i] ? b[i] : r;
+  }
+}
+
+HWY_INLINE std::uint16_t bf16_round_scalar(float f) {
+  std::uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  std::uint32_t nan = (u >> 16) | 0x40u;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+void sum_bf16(std::uint16_t* HWY_RESTRICT d, const std::uint16_t* a, const std::uint16_t* b,
+              std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<std::uint16_t, decltype(df)> d16;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto bias = hn::Set(du, 0x7fffu);
+  const auto one = hn::Set(du, 1u);
+  const auto abs_mask = hn::Set(du, 0x7fffffffu);
+  const auto inf = hn::Set(du, 0x7f800000u);
+  const auto quiet = hn::Set(du, 0x40u);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto x = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, a + i))));
+    auto y = hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, b + i))));
+    auto u = hn::BitCast(du, hn::Add(x, y));
+    auto hi = hn::ShiftRight<16>(u);
+    auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, bias), hn::And(hi, one)));
+    auto is_nan = hn::Gt(hn::And(u, abs_mask), inf);
+    auto r = hn::IfThenElse(is_nan, hn::Or(hi, quiet), rounded);
+    // Values are < 2^16: the signed-to-unsigned saturating demotion is exact.
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, r)), d16, d + i);
+  }
+  for (; i < n; ++i) {
+    std::uint32_t ua = static_cast<std::uint32_t>(a[i]) << 16, ub = static_cast<std::uint32_t>(b[i])
+                                                                    << 16;
+    float fa, fb;
+    __builtin_memcpy(&fa, &ua, 4);
+    __builtin_memcpy(&fb, &ub, 4);
+    d[i] = bf16_round_scalar(fa + fb);
+  }
+}
+
+}  // namespace shmring::bench::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/reduce.hpp"
+
+namespace shmring::bench {
+HWY_EXPORT(sum_f32);
+HWY_EXPORT(max_f32);
+HWY_EXPORT(sum_bf16);
+}  // namespace shmring::bench
+
+namespace {
+
+using shmring::DataType;
+using shmring::ReduceOp;
+
+struct Aligned {
+  void* p;
+  explicit Aligned(std::size_t n) {
+    if (posix_memalign(&p, 4096, n) != 0) std::abort();
+    std::memset(p, 0, n);
+  }
+  ~Aligned() { std::free(p); }
+};
+
+bool is_nan_bits(std::uint32_t u, std::size_t esize) {
+  return esize == 4 ? (u & 0x7fffffffu) > 0x7f800000u : (u & 0x7fffu) > 0x7f80u;
+}
+
+// Bitwise equal, except that two NaNs with different payloads count as equal
+// (and are counted): which input's payload x86 keeps when both are NaN
+// depends on operand order, which the compiler may swap for a commutative add.
+bool same_values(const void* x, const void* y, std::size_t n, std::size_t esize,
+                 std::size_t& payload_diffs) {
+  bool same = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u = 0, v = 0;
+    std::memcpy(&u, static_cast<const char*>(x) + i * esize, esize);
+    std::memcpy(&v, static_cast<const char*>(y) + i * esize, esize);
+    if (u == v) continue;
+    if (is_nan_bits(u, esize) && is_nan_bits(v, esize)) {
+      ++payload_diffs;
+      continue;
+    }
+    same = false;
+  }
+  return same;
+}
+
+// A candidate for the library: bfloat16 sum as one fused target_clones loop
+// (widen, add, round in registers) instead of widen-to-stack / add / narrow.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void fused_sum_bf16(
+    void* dst, const void* a, const void* b, std::size_t n) {
+  typedef std::uint16_t u16a __attribute__((aligned(1)));
+  auto* d = static_cast<u16a*>(dst);
+  auto* x = static_cast<const u16a*>(a);
+  auto* y = static_cast<const u16a*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t ua = static_cast<std::uint32_t>(x[i]) << 16;
+    std::uint32_t ub = static_cast<std::uint32_t>(y[i]) << 16;
+    float fa, fb;
+    std::memcpy(&fa, &ua, 4);
+    std::memcpy(&fb, &ub, 4);
+    float f = fa + fb;
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    std::uint32_t nan = (u >> 16) | 0x40u;
+    d[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+template <class F>
+double gbps(std::size_t bytes, double seconds, F&& f) {
+  f();  // warm the caches and the dispatch
+  int reps = 1;
+  for (;;) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) {
+      f();
+      asm volatile("" ::: "memory");
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= seconds) return 3.0 * static_cast<double>(bytes) * reps / s / 1e9;
+    reps = s > 0 ? std::max(reps * 2, static_cast<int>(reps * seconds / s * 1.1)) : reps * 2;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 0.2;
+  if (!(seconds > 0 && seconds < 100)) {
+    fmt::print(stderr, "kernel_bench: seconds per cell '{}': expected a number in (0, 100)\n",
+               argv[1]);
+    return 2;
+  }
+  const std::int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  const std::int64_t best = targets & -targets;  // lower bit = better target
+  fmt::print("# target_clones picks: {}; Highway picks: {}\n", shmring::detail::kernel_isa(),
+             hwy::TargetName(best));
+  fmt::print("# GB/s = (2 inputs read + 1 output written) / time; {} s per cell\n", seconds);
+  fmt::print(
+      "# same bits: identical output (odd lengths too); NaN payloads: NaN vs NaN with\n"
+      "# another payload (both NaN, x86 keeps the first operand's; not an error)\n");
+  fmt::print("{:>10} {:>9} {:>14} {:>12} {:>8} {:>9} {:>12}\n", "kernel", "size", "target_clones",
+             "highway", "hwy/tc", "same bits", "NaN payloads");
+
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1000.f, 1000.f);
+  const std::size_t kSizes[] = {4u << 10, 256u << 10, 64u << 20};
+  int failures = 0;
+  for (int kernel = 0; kernel < 4; ++kernel) {
+    // kernel 3: bf16 sum again, the target_clones column running fused_sum_bf16.
+    const bool bf16 = kernel >= 2;
+    const bool fused = kernel == 3;
+    const char* name = kernel == 0   ? "f32 sum"
+                       : kernel == 1 ? "f32 max"
+                       : kernel == 2 ? "bf16 sum"
+                                     : "bf16 sum*";
+    const std::size_t esize = bf16 ? 2 : 4;
+    for (std::size_t bytes : kSizes) {
+      const std::size_t n = bytes / esize;
+      Aligned a(bytes), b(bytes), d1(bytes), d2(bytes);
+      // Random values, with NaNs (two payloads) and infinities sprinkled in.
+      for (std::size_t i = 0; i < n; ++i) {
+        for (void* p : {a.p, b.p}) {
+          float v = dist(rng);
+          std::uint32_t special = rng() % 1000;
+          if (special == 0) v = std::numeric_limits<float>::quiet_NaN();
+          if (special == 1) {
+            std::uint32_t u = 0x7f800001u + (rng() & 0xffff);
+            std::memcpy(&v, &u, 4);
+          }
+          if (special == 2) v = std::numeric_limits<float>::infinity();
+          if (bf16) {
+            std::uint32_t u;
+            std::memcpy(&u, &v, 4);
+            static_cast<std::uint16_t*>(p)[i] = static_cast<std::uint16_t>(u >> 16);
+          } else {
+            static_cast<float*>(p)[i] = v;
+          }
+        }
+      }
+      const DataType dt = bf16 ? DataType::bfloat16 : DataType::float32;
+      const ReduceOp op = kernel == 1 ? ReduceOp::max : ReduceOp::sum;
+      auto run_tc = [&] {
+        if (fused)
+          fused_sum_bf16(d1.p, a.p, b.p, n);
+        else
+          shmring::detail::reduce(d1.p, a.p, b.p, n, dt, op);
+      };
+      auto run_hwy = [&] {
+        if (kernel == 0) HWY_DYNAMIC_DISPATCH(shmring::bench::sum_f32)
+        (static_cast<float*>(d2.p), static_cast<const float*>(a.p), static_cast<const float*>(b.p),
+         n);
+        else if (kernel == 1) HWY_DYNAMIC_DISPATCH(shmring::bench::max_f32)(
+            static_cast<float*>(d2.p), static_cast<const float*>(a.p),
+            static_cast<const float*>(b.p), n);
+        else HWY_DYNAMIC_DISPATCH(shmring::bench::sum_bf16)(
+            static_cast<std::uint16_t*>(d2.p), static_cast<const std::uint16_t*>(a.p),
+            static_cast<const std::uint16_t*>(b.p), n);
+      };
+      // Odd lengths too, for the tails.
+      bool same = true;
+      std::size_t payload_diffs = 0;
+      for (std::size_t m : {n, n - 1, std::size_t{7}}) {
+        std::memset(d1.p, 0xa5, bytes);
+        std::memset(d2.p, 0x5a, bytes);
+        if (fused)
+          fused_sum_bf16(d1.p, a.p, b.p, m);
+        else
+          shmring::detail::reduce(d1.p, a.p, b.p, m, dt, op);
+        if (kernel == 0) HWY_DYNAMIC_DISPATCH(shmring::bench::sum_f32)
+        (static_cast<float*>(d2.p), static_cast<const float*>(a.p), static_cast<const float*>(b.p),
+         m);
+        else if (kernel == 1) HWY_DYNAMIC_DISPATCH(shmring::bench::max_f32)(
+            static_cast<float*>(d2.p), static_cast<const float*>(a.p),
+            static_cast<const float*>(b.p), m);
+        else HWY_DYNAMIC_DISPATCH(shmring::bench::sum_bf16)(
+            static_cast<std::uint16_t*>(d2.p), static_cast<const std::uint16_t*>(a.p),
+            static_cast<const std::uint16_t*>(b.p), m);
+        if (!same_values(d1.p, d2.p, m, esize, payload_diffs)) {
+          same = false;
+          if (std::getenv("KERNEL_BENCH_DEBUG")) {
+            for (std::size_t i = 0; i < m; ++i) {
+              std::uint32_t x = 0, y = 0, p = 0, q = 0;
+              std::memcpy(&x, static_cast<char*>(d1.p) + i * esize, esize);
+              std::memcpy(&y, static_cast<char*>(d2.p) + i * esize, esize);
+              std::memcpy(&p, static_cast<char*>(a.p) + i * esize, esize);
+              std::memcpy(&q, static_cast<char*>(b.p) + i * esize, esize);
+              if (x != y) {
+                fmt::print("  {} m={} i={}: a={:08x} b={:08x} clones={:08x} hwy={:08x}\n", name, m,
+                           i, p, q, x, y);
+                break;
+              }
+            }
+          }
+        }
+      }
+      if (!same) ++failures;
+      const double tc = gbps(bytes, seconds, run_tc);
+      const double hw = gbps(bytes, seconds, run_hwy);
+      std::string size = bytes >= (1u << 20) ? fmt::format("{}MiB", bytes >> 20)
+                                             : fmt::format("{}KiB", bytes >> 10);
+      fmt::print("{:>10} {:>9} {:>14.2f} {:>12.2f} {:>8.2f} {:>9} {:>12}\n", name, size, tc, hw,
+                 hw / tc, same ? "yes" : "NO", payload_diffs);
+    }
+  }
+  fmt::print(
+      "# bf16 sum*: the target_clones column is a fused one-pass loop (fused_sum_bf16,\n"
+      "# defined here), not the library's widen/add/narrow blocks\n");
+  return failures == 0 ? 0 : 1;
+}
+
+#endif  // HWY_ONCE

@@ -1,0 +1,123 @@
+/* shmring C API (C99). Collectives between the processes of one machine
+ * over one POSIX shared-memory segment. A thin layer over the C++ API
+ * (shmring/shmring.hpp): same semantics, same rules.
+ *
+ * Every function returns a shmring_result_t; SHMRING_SUCCESS is 0. On an
+ * error, shmring_get_last_error(comm) gives the message (it names the rank,
+ * the collective and the values involved). Collective-call rules: every rank
+ * calls the same collectives in the same order with the same count,
+ * datatype, operator and root; a disagreement returns SHMRING_ERR_MISMATCH
+ * on every rank. After any error other than SHMRING_ERR_INVALID_ARGUMENT the
+ * communicator refuses further collectives.
+ *
+ * Thread safety: one communicator may be used by one thread at a time.
+ */
+#ifndef SHMRING_SHMRING_H
+#define SHMRING_SHMRING_H
+
+#include <stddef.h>
+
+#if defined(SHMRING_BUILDING_LIBRARY)
+#define SHMRING_C_API __attribute__((visibility("default")))
+#else
+#define SHMRING_C_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result codes: the values of shmring::ErrorCode. */
+typedef enum {
+  SHMRING_SUCCESS = 0,
+  SHMRING_ERR_INVALID_ARGUMENT = 1,
+  SHMRING_ERR_MISMATCH = 2,
+  SHMRING_ERR_TIMEOUT = 3,
+  SHMRING_ERR_PEER_FAILURE = 4,
+  SHMRING_ERR_ABORTED = 5,
+  SHMRING_ERR_SYSTEM = 6,
+  SHMRING_ERR_OUT_OF_SHARED_MEMORY = 7,
+  SHMRING_ERR_INTERNAL = 8
+} shmring_result_t;
+
+/* The values of shmring::DataType. */
+typedef enum {
+  SHMRING_FLOAT32 = 0,
+  SHMRING_FLOAT64 = 1,
+  SHMRING_FLOAT16 = 2,
+  SHMRING_BFLOAT16 = 3,
+  SHMRING_INT8 = 4,
+  SHMRING_UINT8 = 5,
+  SHMRING_INT32 = 6,
+  SHMRING_INT64 = 7
+} shmring_datatype_t;
+
+/* The values of shmring::ReduceOp. SHMRING_AVG: floating types only. */
+typedef enum {
+  SHMRING_SUM = 0,
+  SHMRING_PROD = 1,
+  SHMRING_MIN = 2,
+  SHMRING_MAX = 3,
+  SHMRING_AVG = 4
+} shmring_reduce_op_t;
+
+/* Opaque communicator. */
+typedef struct shmring_comm* shmring_comm_t;
+
+/* Creates a communicator from the environment (shmrun's SHMRING_RANK,
+ * SHMRING_WORLD_SIZE, SHMRING_JOB_ID; else torchrun's, Open MPI's or
+ * Slurm's variables). Blocks until every rank has attached. On failure
+ * *comm is NULL and shmring_get_last_error(NULL) tells why. */
+SHMRING_C_API shmring_result_t shmring_comm_init_from_env(shmring_comm_t* comm);
+/* Creates a communicator with an explicit rank in [0, size) and job id
+ * (shared by all ranks; [A-Za-z0-9._-], at most 64 characters). */
+SHMRING_C_API shmring_result_t shmring_comm_init(shmring_comm_t* comm, int rank, int size,
+                                                 const char* job_id);
+/* Frees the communicator (NULL is accepted). Not collective. */
+SHMRING_C_API shmring_result_t shmring_comm_destroy(shmring_comm_t comm);
+
+SHMRING_C_API shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank);
+SHMRING_C_API shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size);
+
+/* recv[i] = op over ranks of send[i], i < count. send == recv: in place. */
+SHMRING_C_API shmring_result_t shmring_allreduce(const void* send, void* recv, size_t count,
+                                                 shmring_datatype_t dtype, shmring_reduce_op_t op,
+                                                 shmring_comm_t comm);
+/* send holds size*recv_count elements; rank r receives the reduction of
+ * block r. In place when recv == send + rank*recv_count. */
+SHMRING_C_API shmring_result_t shmring_reduce_scatter(const void* send, void* recv,
+                                                      size_t recv_count, shmring_datatype_t dtype,
+                                                      shmring_reduce_op_t op, shmring_comm_t comm);
+/* recv (size*send_count elements) receives every rank's send in rank
+ * order. In place when send == recv + rank*send_count. */
+SHMRING_C_API shmring_result_t shmring_allgather(const void* send, void* recv, size_t send_count,
+                                                 shmring_datatype_t dtype, shmring_comm_t comm);
+/* Every rank's buffer receives root's. */
+SHMRING_C_API shmring_result_t shmring_broadcast(void* buffer, size_t count,
+                                                 shmring_datatype_t dtype, int root,
+                                                 shmring_comm_t comm);
+/* root's recv receives the reduction of every rank's send; recv is ignored
+ * (may be NULL) elsewhere. */
+SHMRING_C_API shmring_result_t shmring_reduce(const void* send, void* recv, size_t count,
+                                              shmring_datatype_t dtype, shmring_reduce_op_t op,
+                                              int root, shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_barrier(shmring_comm_t comm);
+/* MPI_Comm_split: ranks passing the same color (>= 0) form *newcomm,
+ * ordered by (key, rank). */
+SHMRING_C_API shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
+                                                  shmring_comm_t* newcomm);
+/* Aborts the job: every rank's collectives fail with SHMRING_ERR_ABORTED. */
+SHMRING_C_API shmring_result_t shmring_comm_abort(shmring_comm_t comm, const char* reason);
+
+/* A static description of a result code ("peer failure", ...). */
+SHMRING_C_API const char* shmring_get_error_string(shmring_result_t result);
+/* The message of the last error on comm, or, with comm NULL, of the last
+ * failed call on this thread (e.g. a failed init). "" if none. Valid until
+ * the next call on the same communicator / thread. */
+SHMRING_C_API const char* shmring_get_last_error(shmring_comm_t comm);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SHMRING_SHMRING_H */

@@ -1,0 +1,179 @@
+// The C API: every call forwards to the C++ Communicator and turns an
+// exception into a result code plus a stored message.
+
+#include "shmring/shmring.h"
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "shmring/shmring.hpp"
+
+struct shmring_comm {
+  shmring::Communicator comm;
+  std::string last_error;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+template <class F>
+shmring_result_t guarded(shmring_comm_t c, F&& f) {
+  try {
+    f();
+    return SHMRING_SUCCESS;
+  } catch (const shmring::Error& e) {
+    (c ? c->last_error : t_last_error) = e.what();
+    t_last_error = e.what();
+    return static_cast<shmring_result_t>(e.code());
+  } catch (const std::bad_alloc&) {
+    (c ? c->last_error : t_last_error) = "out of memory";
+    return SHMRING_ERR_SYSTEM;
+  } catch (const std::exception& e) {
+    (c ? c->last_error : t_last_error) = e.what();
+    return SHMRING_ERR_INTERNAL;
+  }
+}
+
+shmring_result_t null_comm(const char* fn) {
+  t_last_error = std::string(fn) + ": comm is NULL";
+  return SHMRING_ERR_INVALID_ARGUMENT;
+}
+
+#define SHMRING_REQUIRE_COMM(c) \
+  if ((c) == nullptr) return null_comm(__func__)
+
+shmring::DataType dt(shmring_datatype_t d) {
+  return static_cast<shmring::DataType>(d);
+}
+shmring::ReduceOp op(shmring_reduce_op_t o) {
+  return static_cast<shmring::ReduceOp>(o);
+}
+
+}  // namespace
+
+extern "C" {
+
+shmring_result_t shmring_comm_init_from_env(shmring_comm_t* comm) {
+  if (comm == nullptr) return null_comm(__func__);
+  *comm = nullptr;
+  return guarded(nullptr, [&] { *comm = new shmring_comm{shmring::Communicator(), {}}; });
+}
+
+shmring_result_t shmring_comm_init(shmring_comm_t* comm, int rank, int size, const char* job_id) {
+  if (comm == nullptr) return null_comm(__func__);
+  *comm = nullptr;
+  if (job_id == nullptr) {
+    t_last_error = "shmring_comm_init: job_id is NULL";
+    return SHMRING_ERR_INVALID_ARGUMENT;
+  }
+  return guarded(nullptr, [&] {
+    shmring::Options o;
+    o.rank = rank;
+    o.world_size = size;
+    o.job_id = job_id;
+    *comm = new shmring_comm{shmring::Communicator(o), {}};
+  });
+}
+
+shmring_result_t shmring_comm_destroy(shmring_comm_t comm) {
+  delete comm;
+  return SHMRING_SUCCESS;
+}
+
+shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank) {
+  SHMRING_REQUIRE_COMM(comm);
+  if (rank == nullptr) return null_comm("shmring_comm_rank: rank pointer");
+  *rank = comm->comm.rank();
+  return SHMRING_SUCCESS;
+}
+
+shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size) {
+  SHMRING_REQUIRE_COMM(comm);
+  if (size == nullptr) return null_comm("shmring_comm_size: size pointer");
+  *size = comm->comm.size();
+  return SHMRING_SUCCESS;
+}
+
+shmring_result_t shmring_allreduce(const void* send, void* recv, size_t count,
+                                   shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                   shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.allreduce(send, recv, count, dt(dtype), op(o)); });
+}
+
+shmring_result_t shmring_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                        shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                        shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm,
+                 [&] { comm->comm.reduce_scatter(send, recv, recv_count, dt(dtype), op(o)); });
+}
+
+shmring_result_t shmring_allgather(const void* send, void* recv, size_t send_count,
+                                   shmring_datatype_t dtype, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.allgather(send, recv, send_count, dt(dtype)); });
+}
+
+shmring_result_t shmring_broadcast(void* buffer, size_t count, shmring_datatype_t dtype, int root,
+                                   shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.broadcast(buffer, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_reduce(const void* send, void* recv, size_t count,
+                                shmring_datatype_t dtype, shmring_reduce_op_t o, int root,
+                                shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.reduce(send, recv, count, dt(dtype), op(o), root); });
+}
+
+shmring_result_t shmring_barrier(shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.barrier(); });
+}
+
+shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
+                                    shmring_comm_t* newcomm) {
+  SHMRING_REQUIRE_COMM(comm);
+  if (newcomm == nullptr) return null_comm("shmring_comm_split: newcomm pointer");
+  *newcomm = nullptr;
+  return guarded(comm, [&] { *newcomm = new shmring_comm{comm->comm.split(color, key), {}}; });
+}
+
+shmring_result_t shmring_comm_abort(shmring_comm_t comm, const char* reason) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.abort(reason ? reason : "shmring_comm_abort"); });
+}
+
+const char* shmring_get_error_string(shmring_result_t result) {
+  switch (result) {
+    case SHMRING_SUCCESS:
+      return "success";
+    case SHMRING_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case SHMRING_ERR_MISMATCH:
+      return "collective mismatch between ranks";
+    case SHMRING_ERR_TIMEOUT:
+      return "timeout";
+    case SHMRING_ERR_PEER_FAILURE:
+      return "peer failure (a rank died or left)";
+    case SHMRING_ERR_ABORTED:
+      return "aborted";
+    case SHMRING_ERR_SYSTEM:
+      return "system error";
+    case SHMRING_ERR_OUT_OF_SHARED_MEMORY:
+      return "out of shared memory";
+    case SHMRING_ERR_INTERNAL:
+      return "internal error";
+  }
+  return "unknown result code";
+}
+
+const char* shmring_get_last_error(shmring_comm_t comm) {
+  return comm ? comm->last_error.c_str() : t_last_error.c_str();
+}
+
+}  // extern "C"

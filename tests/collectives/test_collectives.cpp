@@ -1,0 +1,172 @@
+// reduce_scatter, allgather, broadcast, reduce and barrier against serial
+// references: values distinct per (rank, index), N in {1, 2, 3, 5, 8},
+// uneven and zero counts, every root, both algorithms (direct for small
+// messages, ring/chain for large, and each forced with SHMRING_ALGO).
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+
+#include "harness.hpp"
+
+using namespace shmring;
+
+namespace {
+
+std::int64_t value(int rank, std::size_t i) {
+  return static_cast<std::int64_t>(rank) * 1000003 + static_cast<std::int64_t>(i) * 7 - 500;
+}
+
+// Small counts take the direct path, the large one the ring (its buffer is
+// bigger than the 64 KiB direct buffers).
+std::vector<std::size_t> counts(int n) {
+  auto N = static_cast<std::size_t>(n);
+  return {0, 1, N - 1 + (n == 1), N + 1, 1009, 70001};
+}
+
+void check_all_collectives(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  for (std::size_t count : counts(n)) {
+    // reduce_scatter (sum and max), out of place and in place.
+    {
+      std::vector<std::int64_t> send(n * count), recv(count, -1);
+      for (std::size_t i = 0; i < send.size(); ++i) send[i] = value(r, i);
+      comm.reduce_scatter(send.data(), recv.data(), count, DataType::int64, ReduceOp::sum);
+      for (std::size_t i = 0; i < count; ++i) {
+        std::int64_t want = 0;
+        for (int q = 0; q < n; ++q) want += value(q, r * count + i);
+        SHMRING_CHILD_CHECK(recv[i] == want, "reduce_scatter count %zu: [%zu]=%lld want %lld",
+                            count, i, (long long)recv[i], (long long)want);
+      }
+      comm.reduce_scatter(send.data(), send.data() + r * count, count, DataType::int64,
+                          ReduceOp::max);
+      for (std::size_t i = 0; i < count; ++i)
+        SHMRING_CHILD_CHECK(send[r * count + i] == value(n - 1, r * count + i),
+                            "in-place reduce_scatter max count %zu [%zu]", count, i);
+    }
+    // allgather, out of place and in place.
+    {
+      std::vector<float> send(count), recv(n * count, -1.0f);
+      for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<float>(r * 100000 + i % 99991);
+      comm.allgather(send.data(), recv.data(), count, DataType::float32);
+      for (int q = 0; q < n; ++q)
+        for (std::size_t i = 0; i < count; ++i)
+          SHMRING_CHILD_CHECK(recv[q * count + i] == static_cast<float>(q * 100000 + i % 99991),
+                              "allgather count %zu: chunk %d [%zu]", count, q, i);
+      std::vector<float> inplace(n * count, -2.0f);
+      std::copy(send.begin(), send.end(), inplace.begin() + r * count);
+      comm.allgather(inplace.data() + r * count, inplace.data(), count, DataType::float32);
+      SHMRING_CHILD_CHECK(inplace == recv, "in-place allgather count %zu differs", count);
+    }
+    // broadcast and reduce from every root.
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::int32_t> buf(count);
+      for (std::size_t i = 0; i < count; ++i)
+        buf[i] = r == root ? static_cast<std::int32_t>(value(root, i)) : -7;
+      comm.broadcast(buf.data(), count, DataType::int32, root);
+      for (std::size_t i = 0; i < count; ++i)
+        SHMRING_CHILD_CHECK(buf[i] == static_cast<std::int32_t>(value(root, i)),
+                            "broadcast root %d count %zu [%zu]=%d", root, count, i, buf[i]);
+
+      std::vector<double> send(count), recv(r == root ? count : 0, -1.0);
+      for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<double>(value(r, i));
+      comm.reduce(send.data(), r == root ? recv.data() : nullptr, count, DataType::float64,
+                  ReduceOp::sum, root);
+      if (r == root)
+        for (std::size_t i = 0; i < count; ++i) {
+          double want = 0;
+          for (int q = 0; q < n; ++q) want += static_cast<double>(value(q, i));
+          SHMRING_CHILD_CHECK(recv[i] == want, "reduce root %d count %zu [%zu]", root, count, i);
+        }
+    }
+    comm.barrier();
+  }
+}
+
+void run(int n, const char* algo) {
+  auto status = test::run_processes(
+      n,
+      [&, job = test::unique_job_id("coll")](int r) {
+        if (algo) setenv("SHMRING_ALGO", algo, 1);
+        Communicator comm(r, n, job);
+        check_all_collectives(comm);
+      },
+      300);
+  for (int r = 0; r < n; ++r) CHECK_MESSAGE(status[r] == 0, "rank ", r, " status ", status[r]);
+}
+
+}  // namespace
+
+TEST_CASE("every collective matches the serial reference, N=1") {
+  run(1, nullptr);
+}
+TEST_CASE("every collective matches the serial reference, N=2") {
+  run(2, nullptr);
+}
+TEST_CASE("every collective matches the serial reference, N=3") {
+  run(3, nullptr);
+}
+TEST_CASE("every collective matches the serial reference, N=5") {
+  run(5, nullptr);
+}
+TEST_CASE("every collective matches the serial reference, N=8") {
+  run(8, nullptr);
+}
+TEST_CASE("every collective matches the serial reference on the ring path, N=3 and N=5") {
+  run(3, "ring");
+  run(5, "ring");
+}
+
+TEST_CASE("barrier: nobody leaves before the last rank arrives") {
+  // A counter in memory shared by the forked ranks (mapped before the fork):
+  // each rank counts its arrival, and after the barrier every arrival of
+  // this round must be visible. One rank per round arrives late.
+  auto* arrived =
+      static_cast<std::atomic<int>*>(mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(arrived != MAP_FAILED);
+  new (arrived) std::atomic<int>(0);
+  constexpr int kRanks = 4, kRounds = 50;
+  auto status = test::run_ranks(kRanks, [&](Communicator& comm) {
+    for (int round = 0; round < kRounds; ++round) {
+      if (comm.rank() == round % kRanks) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      arrived->fetch_add(1);
+      comm.barrier();
+      int seen = arrived->load();
+      SHMRING_CHILD_CHECK(seen >= (round + 1) * kRanks,
+                          "round %d: rank %d left the barrier with %d arrivals", round, comm.rank(),
+                          seen);
+    }
+  });
+  CHECK(test::all_zero(status));
+  CHECK(arrived->load() == kRanks * kRounds);
+  munmap(arrived, sizeof(std::atomic<int>));
+}
+
+TEST_CASE("split: two groups of a 5-rank world reduce concurrently, each its own sum") {
+  auto status = test::run_ranks(5, [](Communicator& world) {
+    const int color = world.rank() % 2;                      // {0, 2, 4} and {1, 3}
+    Communicator group = world.split(color, -world.rank());  // key reverses the order
+    const int want_size = color == 0 ? 3 : 2;
+    SHMRING_CHILD_CHECK(group.size() == want_size, "group size %d", group.size());
+    // Ranked by key = -world rank: the highest world rank is group rank 0.
+    const int members[2][3] = {{4, 2, 0}, {3, 1, -1}};
+    SHMRING_CHILD_CHECK(members[color][group.rank()] == world.rank(),
+                        "world rank %d got group rank %d", world.rank(), group.rank());
+    for (int it = 0; it < 50; ++it) {
+      std::vector<std::int64_t> x(10000 + it * 1000, world.rank() + it);
+      group.allreduce(std::span<std::int64_t>(x), ReduceOp::sum);
+      const std::int64_t want = color == 0 ? (0 + 2 + 4) + 3 * it : (1 + 3) + 2 * it;
+      SHMRING_CHILD_CHECK(x.front() == want && x.back() == want, "it %d: %lld want %lld", it,
+                          (long long)x.front(), (long long)want);
+    }
+    // The parent still works after the split.
+    std::int64_t one = 1;
+    world.allreduce(std::span<std::int64_t>(&one, 1), ReduceOp::sum);
+    SHMRING_CHILD_CHECK(one == 5, "world sum %lld", (long long)one);
+  });
+  CHECK(test::all_zero(status));
+}

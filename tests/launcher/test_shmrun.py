@@ -1,0 +1,341 @@
+#!/usr/bin/python3
+"""Fault injection tests for shmrun with real processes.
+
+    test_shmrun.py SHMRUN WORKER TEST
+
+SHMRUN is the launcher, WORKER is launcher_worker (see launcher_worker.cpp),
+TEST one of the functions named test_* below without the prefix. Each test
+uses its own --job-id, and checks afterwards that no worker process (by pid
+and by process group) and no /dev/shm entry of that job remains.
+"""
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SHMRUN, WORKER = sys.argv[1], sys.argv[2]
+_counter = [0]
+
+
+def job_id():
+    _counter[0] += 1
+    return f"lt{os.getpid()}-{_counter[0]}"
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise AssertionError(f"{what}\n{detail}".rstrip())
+
+
+def shm_entries(jid):
+    prefix = f"shmring-{os.getuid()}-{jid}-"
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+def worker_pids(stderr):
+    """{rank: pid} from the lines of --report-bindings."""
+    return {int(r): int(p) for r, p in re.findall(r"shmrun: rank (\d+) \(pid (\d+)\)", stderr)}
+
+
+def group_members(pgid):
+    members = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[2]) == pgid:  # state ppid pgrp ...
+            members.append(int(d))
+    return members
+
+
+def assert_clean(jid, stderr, np):
+    pids = worker_pids(stderr)
+    check(len(pids) == np, f"expected {np} workers in the bindings report", stderr)
+    alive = [p for p in pids.values() if os.path.exists(f"/proc/{p}")]
+    check(not alive, f"worker pids still exist after shmrun exited: {alive}", stderr)
+    left = group_members(pids[0])
+    check(not left, f"processes left in the job's process group {pids[0]}: {left}")
+    check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}")
+
+
+def shmrun(jid, options, worker_args, timeout=30, env=None):
+    cmd = [SHMRUN, "--report-bindings", "--job-id", jid, *options, "--", WORKER, *worker_args]
+    start = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return p, time.monotonic() - start
+
+
+def test_rank_exit():
+    """Rank 2 exits with 3 mid-job: shmrun exits 3 within 2 s, naming rank 2."""
+    jid = job_id()
+    p, elapsed = shmrun(jid, ["-n", "4"], ["exit", "2", "3"])
+    check(p.returncode == 3, f"exit status {p.returncode}, expected 3", p.stderr)
+    check(elapsed < 2.0, f"took {elapsed:.2f} s, expected under 2 s", p.stderr)
+    summary = [l for l in p.stderr.splitlines() if "job terminated" in l]
+    check(len(summary) == 1 and "rank 2 " in summary[0] and "exited with status 3" in summary[0],
+          "expected one summary line naming rank 2 and status 3", p.stderr)
+    assert_clean(jid, p.stderr, 4)
+    print(f"rank_exit: {elapsed:.2f} s")
+
+
+def test_rank_exit_before_attach():
+    """Rank 1 exits with 5 before joining: rank 0's half-made segment is removed too."""
+    jid = job_id()
+    p, _ = shmrun(jid, ["-n", "4"], ["exit", "1", "5", "before-init"])
+    check(p.returncode == 5, f"exit status {p.returncode}, expected 5", p.stderr)
+    assert_clean(jid, p.stderr, 4)
+
+
+def test_segv():
+    """A worker dies of SIGSEGV: shmrun exits 139 and says which signal."""
+    jid = job_id()
+    p, _ = shmrun(jid, ["-n", "4"], ["segv", "1"])
+    check(p.returncode == 139, f"exit status {p.returncode}, expected 139", p.stderr)
+    check(re.search(r"rank 1 \(pid \d+\) was killed by signal 11 \(SEGV\)", p.stderr),
+          "expected a summary naming rank 1 and SIGSEGV", p.stderr)
+    assert_clean(jid, p.stderr, 4)
+
+
+def start_loop(jid, extra_worker_args, options=()):
+    err = tempfile.TemporaryFile(mode="w+")
+    cmd = [SHMRUN, "--report-bindings", "--job-id", jid, "-n", "4", *options, "--", WORKER,
+           "loop", *extra_worker_args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    # Wait until the ranks are inside the allreduce loop.
+    ready, _, _ = select.select([p.stdout], [], [], 30)
+    check(ready and p.stdout.readline().strip() == "looping", "the workers never started looping")
+    return p, err
+
+
+def finish(p, err, timeout):
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError(f"shmrun still running {timeout} s after the signal(s)")
+    p.stdout.close()
+    err.seek(0)
+    return rc, err.read()
+
+
+def test_sigint_once():
+    """SIGINT during an allreduce loop: forwarded, everyone exits, shmrun dies of SIGINT."""
+    jid = job_id()
+    p, err = start_loop(jid, [])
+    p.send_signal(signal.SIGINT)
+    rc, stderr = finish(p, err, 20)
+    check(rc == -signal.SIGINT, f"shmrun returned {rc}, expected death by SIGINT", stderr)
+    check("received SIGINT" in stderr, "expected a note about the forwarded SIGINT", stderr)
+    assert_clean(jid, stderr, 4)
+
+
+def test_sigint_twice():
+    """Workers ignore SIGINT; a second SIGINT kills them at once (grace is 60 s)."""
+    jid = job_id()
+    p, err = start_loop(jid, ["ignore-int"], ["--grace", "60"])
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    rc, stderr = finish(p, err, 20)
+    check(rc == -signal.SIGINT, f"shmrun returned {rc}, expected death by SIGINT", stderr)
+    assert_clean(jid, stderr, 4)
+
+
+def test_sigterm():
+    """SIGTERM is forwarded like SIGINT."""
+    jid = job_id()
+    p, err = start_loop(jid, [])
+    p.send_signal(signal.SIGTERM)
+    rc, stderr = finish(p, err, 20)
+    check(rc == -signal.SIGTERM, f"shmrun returned {rc}, expected death by SIGTERM", stderr)
+    assert_clean(jid, stderr, 4)
+
+
+def test_grace_kill():
+    """Workers that ignore SIGTERM are SIGKILLed after --grace."""
+    jid = job_id()
+    p, err = start_loop(jid, ["ignore-all"], ["--timeout", "1", "--grace", "0.5"])
+    rc, stderr = finish(p, err, 20)
+    check(rc == 124, f"shmrun returned {rc}, expected 124", stderr)
+    assert_clean(jid, stderr, 4)
+
+
+def test_launcher_killed():
+    """SIGKILL to shmrun itself: the workers die with it (PR_SET_PDEATHSIG)."""
+    jid = job_id()
+    p, err = start_loop(jid, [])
+    p.kill()
+    p.wait()
+    err.seek(0)
+    stderr = err.read()
+    pids = worker_pids(stderr)
+    check(len(pids) == 4, "expected 4 workers in the bindings report", stderr)
+
+    def running(pid):  # a zombie waiting for init to reap it is dead already
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rfind(")") + 2] != "Z"
+
+    deadline = time.monotonic() + 10
+    while any(running(q) for q in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    left = [q for q in pids.values() if running(q)]
+    for q in left:
+        os.kill(q, signal.SIGKILL)
+    check(not left, f"workers outlived their launcher: {left}")
+    # The ranks had all attached, so the segment name was already unlinked.
+    check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}")
+
+
+def test_tag_output():
+    """8 ranks x 1000 lines of 200 bytes on stdout and stderr: whole, tagged, in order."""
+    np, count, length = 8, 1000, 200
+    jid = job_id()
+    cmd = [SHMRUN, "--tag-output", "--job-id", jid, "-n", str(np), "--", WORKER, "lines",
+           str(count), str(length)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    check(p.returncode == 0, f"exit status {p.returncode}", p.stderr[-2000:])
+    for stream, text in (("out", p.stdout), ("err", p.stderr)):
+        check(text.endswith("\n"), f"std{stream} must end with a newline")
+        next_index = [0] * np
+        last_seen = [False] * np
+        pattern = re.compile(r"\[(\d+)\] (\d+) (out|err) (\d+|last)( (.*))?")
+        for line in text.splitlines():
+            m = pattern.fullmatch(line)
+            check(m, f"std{stream}: malformed line: {line[:120]!r}")
+            tag, rank, s, index = int(m[1]), int(m[2]), m[3], m[4]
+            check(tag == rank, f"std{stream}: line of rank {rank} tagged [{tag}]: {line[:80]!r}")
+            check(s == stream, f"std{stream}: carries a line of std{s}: {line[:80]!r}")
+            check(not last_seen[rank], f"std{stream}: rank {rank} has output after its last line")
+            if index == "last":
+                last_seen[rank] = True
+                continue
+            check(int(index) == next_index[rank],
+                  f"std{stream}: rank {rank} line {index}, expected {next_index[rank]}")
+            check(len(line) - len(f"[{tag}] ") == length,
+                  f"std{stream}: line of {len(line)} bytes: {line[:80]!r}")
+            next_index[rank] += 1
+        check(next_index == [count] * np, f"std{stream}: lines per rank {next_index}")
+        check(all(last_seen), f"std{stream}: final lines without newline seen: {last_seen}")
+    check(not shm_entries(jid), "segments left in /dev/shm")
+
+
+def test_timeout():
+    """A hanging job with --timeout 2: a clear message and exit status 124."""
+    jid = job_id()
+    p, elapsed = shmrun(jid, ["-n", "3", "--timeout", "2"], ["hang"])
+    check(p.returncode == 124, f"exit status {p.returncode}, expected 124", p.stderr)
+    check("shmrun: job exceeded --timeout 2 s; terminated 3 worker(s)" in p.stderr,
+          "expected the timeout message", p.stderr)
+    check(elapsed >= 2.0, f"ended after {elapsed:.2f} s, before the timeout")
+    assert_clean(jid, p.stderr, 3)
+
+
+def test_environment():
+    """Rank variables, torchrun's variables, -x, pass-through settings, binding."""
+    jid = job_id()
+    env = dict(os.environ, MASTER_PORT="29511")
+    env.pop("MASTER_ADDR", None)
+    p, _ = shmrun(jid, ["-n", "3", "--bind-to", "core", "--threads", "1", "--slots", "8",
+                        "--slot-bytes", "8192", "-x", "EXTRA=a b=c"], ["env"], env=env)
+    check(p.returncode == 0, f"exit status {p.returncode}", p.stderr)
+    allowed = sorted(os.sched_getaffinity(0))
+    lines = sorted(p.stdout.splitlines())
+    check(len(lines) == 3, "expected one line per rank", p.stdout)
+    for r, line in enumerate(lines):
+        v = dict(kv.split("=", 1) for kv in re.findall(r"\S+=(?:a b=c|\S*)", line))
+        expect = {"rank": str(r), "SHMRING_RANK": str(r), "RANK": str(r), "LOCAL_RANK": str(r),
+                  "SHMRING_LOCAL_RANK": str(r), "SHMRING_WORLD_SIZE": "3", "WORLD_SIZE": "3",
+                  "LOCAL_WORLD_SIZE": "3", "SHMRING_LOCAL_WORLD_SIZE": "3",
+                  "SHMRING_JOB_ID": jid, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
+                  "SHMRING_THREADS": "1", "SHMRING_SLOTS": "8", "SHMRING_SLOT_BYTES": "8192",
+                  "EXTRA": "a b=c", "cpus": str(allowed[r % len(allowed)]),
+                  # Forked before any thread: the launcher stays single-threaded.
+                  "launcher_threads": "1"}
+        for k, want in expect.items():
+            check(v.get(k) == want, f"rank {r}: {k}={v.get(k)!r}, expected {want!r}", line)
+        bound = re.search(rf"shmrun: rank {r} \(pid \d+\) bound to core (\d+)", p.stderr)
+        check(bound and int(bound[1]) == allowed[r % len(allowed)], "binding report", p.stderr)
+    # Without MASTER_PORT set, shmrun picks one, the same for every rank.
+    # mpirun's "-np" spelling works, and "-np" in the program's arguments is left alone.
+    p, _ = shmrun(job_id(), ["-np", "2"], ["env", "-np"])
+    ports = set(re.findall(r"MASTER_PORT=(\d+)", p.stdout))
+    check(p.returncode == 0 and len(ports) == 1 and 0 < int(ports.pop()) < 65536,
+          "expected one free MASTER_PORT for all ranks", p.stdout)
+
+
+def test_list_cleanup():
+    """--list shows a stale segment (creator dead); --cleanup removes it."""
+    # A segment is stale once its creator (rank 0) died before every rank
+    # attached: here rank 1 of 2 never comes, and rank 0 is SIGKILLed.
+    jid = job_id()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
+    creator = subprocess.Popen([WORKER, "create", jid], env=env)
+    try:
+        # Wait until the creator has filled the header and holds its lock.
+        deadline = time.monotonic() + 20
+        alive = re.compile(rf"^shmring-{os.getuid()}-{re.escape(jid)}-\S+ .*"
+                           rf"creator pid {creator.pid} \(alive\)$", re.M)
+        while True:
+            p = subprocess.run([SHMRUN, "--list"], capture_output=True, text=True, timeout=20)
+            if alive.search(p.stdout):
+                break
+            check(time.monotonic() < deadline, "--list never showed the live creator", p.stdout)
+            time.sleep(0.02)
+        creator.kill()
+        creator.wait()
+        name = shm_entries(jid)[0]
+        p = subprocess.run([SHMRUN, "--list"], capture_output=True, text=True, timeout=20)
+        check(p.returncode == 0, f"--list exit status {p.returncode}", p.stderr)
+        check(re.search(rf"^{re.escape(name)} .*creator pid {creator.pid} \(dead\)$", p.stdout,
+                        re.M), "--list must show the segment with its dead creator", p.stdout)
+        check(shm_entries(jid), "--list must not remove anything")
+        time.sleep(1.1)  # --cleanup leaves segments younger than 1 s alone
+        # --job-id keeps this test away from other jobs' stale segments.
+        p = subprocess.run([SHMRUN, "--cleanup", "--job-id", jid], capture_output=True, text=True,
+                           timeout=20)
+        check(p.returncode == 0, f"--cleanup exit status {p.returncode}", p.stdout + p.stderr)
+        check(f"removed {name}" in p.stdout, "--cleanup must report the removal", p.stdout)
+        check(not shm_entries(jid), "--cleanup left the stale segment")
+    finally:
+        creator.kill()
+        creator.wait()
+        for n in shm_entries(jid):
+            os.unlink(f"/dev/shm/{n}")
+
+
+def test_usage_errors():
+    """Bad options get a clear message and status 2; a missing program gets 127."""
+    cases = [(["-n", "0", "true"], "-n"), (["--bind-to", "socket", "-n", "2", "true"], "socket"),
+             (["-n", "2"], "program"), (["--timeout", "-1", "-n", "1", "true"], "--timeout"),
+             (["-x", "1X=2", "-n", "1", "true"], "1X=2"),
+             (["--slot-bytes", "5000", "-n", "1", "true"], "4096"),
+             (["--job-id", "a/b", "-n", "1", "true"], "a/b")]
+    for args, word in cases:
+        p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
+        check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
+        check(word in p.stderr, f"{args}: message should name {word!r}", p.stderr)
+    p = subprocess.run([SHMRUN, "-n", "3", "/nonexistent/prog"], capture_output=True, text=True,
+                       timeout=20)
+    check(p.returncode == 127, f"missing program: exit status {p.returncode}", p.stderr)
+    check(p.stderr.count("cannot run '/nonexistent/prog'") == 1, "one message", p.stderr)
+    p = subprocess.run([SHMRUN, "--version"], capture_output=True, text=True, timeout=20)
+    check(p.returncode == 0 and p.stdout.startswith("shmrun (shmring) "), "--version", p.stdout)
+
+
+if __name__ == "__main__":
+    globals()["test_" + sys.argv[3]]()
