@@ -114,6 +114,12 @@ class Backend:
         else:
             self.dist.all_reduce(tensor, op=self.dist.ReduceOp.SUM)
 
+    def broadcast(self, tensor, root=0):
+        if self.name == "shmring":
+            self.comm.broadcast(tensor, root)
+        else:
+            self.dist.broadcast(tensor, src=root)
+
     def close(self):
         if self.name == "shmring":
             self.comm.close()
@@ -180,13 +186,11 @@ class GradientBuckets:
         return waited, spent, cpu
 
 
-def broadcast_from_rank0(model, backend, rank):
-    """Makes every rank start from rank 0's parameters (an allreduce of x, 0, 0...)."""
+def broadcast_from_rank0(model, backend):
+    """Makes every rank start from rank 0's parameters, whatever its seed did."""
     with torch.no_grad():
         for p in model.parameters():
-            buf = p.detach().clone() if rank == 0 else torch.zeros_like(p)
-            backend.allreduce(buf)
-            p.copy_(buf)
+            backend.broadcast(p.detach())  # Shares p's storage: written in place.
 
 
 def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
@@ -243,7 +247,7 @@ def main():
     train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
     backend = Backend(args.backend, rank, world_size)
     model = make_model(args.model)
-    broadcast_from_rank0(model, backend, rank)
+    broadcast_from_rank0(model, backend)
     buckets = GradientBuckets(model.parameters(), int(args.bucket_mb * 2**20))
     # foreach=False: the in-place per-tensor update leaves .grad views intact.
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, foreach=False)

@@ -339,6 +339,8 @@ class PyCommunicator {
  public:
   explicit PyCommunicator(const Options& options)
       : comm_(std::make_unique<Communicator>(options)) {}
+  explicit PyCommunicator(Communicator&& comm)
+      : comm_(std::make_unique<Communicator>(std::move(comm))) {}
 
   Communicator& get() {
     if (!comm_) throw InvalidArgumentError("this Communicator was closed; create a new one");
@@ -399,6 +401,86 @@ py::object allreduce(PyCommunicator& self, py::object buffer, ReduceOp op, py::o
     py::gil_scoped_release release;
     comm.allreduce(send.data(), recv->data(), send.count(), send.dtype(), op);
   }
+  return out.is_none() ? buffer : out;
+}
+
+void check_same_type(const char* what, const BufferView& a, const char* a_name, const BufferView& b,
+                     const char* b_name) {
+  if (a.dtype() != b.dtype())
+    throw InvalidArgumentError(fmt::format("{}: {} is {} but {} is {}; they must match", what,
+                                           a_name, to_string(a.dtype()), b_name,
+                                           to_string(b.dtype())));
+}
+
+// Runs one collective with the GIL released, holding the one-thread guard.
+template <class F>
+void run_collective(PyCommunicator& self, const char* what, F&& f) {
+  Communicator& comm = self.get();
+  PyCommunicator::Busy busy(self, what);
+  py::gil_scoped_release release;
+  f(comm);
+}
+
+py::object reduce_scatter(PyCommunicator& self, py::object send_obj, py::object out_obj,
+                          ReduceOp op) {
+  const int size = self.get().size();
+  BufferView send, out;
+  send.acquire(send_obj, "reduce_scatter: send", /*writable=*/false);
+  out.acquire(out_obj, "reduce_scatter: out", /*writable=*/true);
+  check_same_type("reduce_scatter", send, "send", out, "out");
+  if (send.count() != out.count() * static_cast<std::size_t>(size))
+    throw InvalidArgumentError(
+        fmt::format("reduce_scatter: send holds {} elements, expected size() x out = {} x {} = {}",
+                    send.count(), size, out.count(), out.count() * static_cast<std::size_t>(size)));
+  run_collective(self, "reduce_scatter", [&](Communicator& c) {
+    c.reduce_scatter(send.data(), out.data(), out.count(), out.dtype(), op);
+  });
+  return out_obj;
+}
+
+py::object allgather(PyCommunicator& self, py::object send_obj, py::object out_obj) {
+  const int size = self.get().size();
+  BufferView send, out;
+  send.acquire(send_obj, "allgather: send", /*writable=*/false);
+  out.acquire(out_obj, "allgather: out", /*writable=*/true);
+  check_same_type("allgather", send, "send", out, "out");
+  if (out.count() != send.count() * static_cast<std::size_t>(size))
+    throw InvalidArgumentError(fmt::format(
+        "allgather: out holds {} elements, expected size() x send = {} x {} = {}", out.count(),
+        size, send.count(), send.count() * static_cast<std::size_t>(size)));
+  run_collective(self, "allgather", [&](Communicator& c) {
+    c.allgather(send.data(), out.data(), send.count(), send.dtype());
+  });
+  return out_obj;
+}
+
+py::object broadcast(PyCommunicator& self, py::object buffer, int root) {
+  // The root only reads its buffer; the others write into theirs.
+  BufferView view;
+  view.acquire(buffer, "broadcast: buffer", /*writable=*/self.get().rank() != root);
+  run_collective(self, "broadcast", [&](Communicator& c) {
+    c.broadcast(view.data(), view.count(), view.dtype(), root);
+  });
+  return buffer;
+}
+
+py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root, py::object out) {
+  const bool at_root = self.get().rank() == root;
+  BufferView send, out_storage;
+  const BufferView* recv = &send;
+  send.acquire(buffer, "reduce: buffer", /*writable=*/at_root && out.is_none());
+  if (!out.is_none()) {
+    out_storage.acquire(out, "reduce: out", /*writable=*/true);
+    check_same_type("reduce", send, "buffer", out_storage, "out");
+    if (out_storage.count() != send.count())
+      throw InvalidArgumentError(
+          fmt::format("reduce: buffer holds {} elements but out holds {}; they must match",
+                      send.count(), out_storage.count()));
+    recv = &out_storage;
+  }
+  run_collective(self, "reduce", [&](Communicator& c) {
+    c.reduce(send.data(), at_root ? recv->data() : nullptr, send.count(), send.dtype(), op, root);
+  });
   return out.is_none() ? buffer : out;
 }
 
@@ -539,6 +621,46 @@ buffer raises InvalidArgumentError (a ValueError). Returns the buffer that
 holds the result. Releases the GIL while it runs.
 Raises InvalidArgumentError, MismatchError, TimeoutError, PeerFailureError,
 AbortedError.
+)doc")
+      .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("out"),
+           py::arg("op") = ReduceOp::sum, R"doc(
+Reduce-scatter: rank r's `out` (k elements) receives op over ranks of
+send[r*k:(r+1)*k]; `send` holds size*k elements. In place when `out` is that
+slice of `send` (e.g. out = send[rank*k:(rank+1)*k]). Returns `out`.
+)doc")
+      .def("allgather", &allgather, py::arg("send"), py::arg("out"), R"doc(
+Allgather: `out` (size*k elements) receives every rank's `send` (k elements)
+in rank order. In place when `send` is out[rank*k:(rank+1)*k]. Returns `out`.
+)doc")
+      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root") = 0, R"doc(
+Broadcast: every rank's `buffer` receives root's, in place (the root's may be
+read-only). Returns `buffer`.
+)doc")
+      .def("reduce", &reduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::arg("root") = 0,
+           py::kw_only(), py::arg("out") = py::none(), R"doc(
+Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
+used at the root only); the other ranks' buffers are only read. Returns the
+buffer that holds the result at the root.
+)doc")
+      .def(
+          "barrier",
+          [](PyCommunicator& self) {
+            run_collective(self, "barrier", [](Communicator& c) { c.barrier(); });
+          },
+          "Returns once every rank has entered the barrier. Releases the GIL.")
+      .def(
+          "split",
+          [](PyCommunicator& self, int color, int key) {
+            std::unique_ptr<PyCommunicator> result;
+            run_collective(self, "split", [&](Communicator& c) {
+              result = std::make_unique<PyCommunicator>(c.split(color, key));
+            });
+            return result;
+          },
+          py::arg("color"), py::arg("key") = 0, R"doc(
+MPI_Comm_split: a new Communicator of the ranks that pass the same color
+(>= 0), ranked by (key, rank here), with its own segment. Collective over this
+communicator.
 )doc")
       .def(
           "abort", [](PyCommunicator& c, const std::string& reason) { c.get().abort(reason); },

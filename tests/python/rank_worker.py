@@ -135,6 +135,68 @@ def scenario_collectives(comm):
           "bitwise identical bfloat16 results on every rank")
 
 
+def scenario_family(comm):
+    """reduce_scatter, allgather, broadcast, reduce, barrier and split, on
+    numpy and torch buffers, in and out of place."""
+    rank, size = comm.rank, comm.size
+    k = 1001
+    full = expected(shmring.ReduceOp.SUM, size, size * k)
+    # reduce_scatter, out of place and in place (out is this rank's slice of send).
+    send = values(rank, size * k).astype(np.float64)
+    out = np.empty(k)
+    check(comm.reduce_scatter(send, out) is out, "reduce_scatter returns out")
+    check(np.array_equal(out, full[rank * k:(rank + 1) * k]), "reduce_scatter values")
+    send = values(rank, size * k).astype(np.float64)
+    comm.reduce_scatter(send, send[rank * k:(rank + 1) * k])
+    check(np.array_equal(send[rank * k:(rank + 1) * k], full[rank * k:(rank + 1) * k]),
+          "reduce_scatter in place")
+    # allgather: rank order, and in place from this rank's slice.
+    mine = np.full(k, rank + 1, dtype=np.int32)
+    gathered = np.zeros(size * k, dtype=np.int32)
+    comm.allgather(mine, gathered)
+    check(np.array_equal(gathered, np.repeat(np.arange(1, size + 1), k)), "allgather values")
+    gathered = np.zeros(size * k, dtype=np.int32)
+    gathered[rank * k:(rank + 1) * k] = rank + 1
+    comm.allgather(gathered[rank * k:(rank + 1) * k], gathered)
+    check(np.array_equal(gathered, np.repeat(np.arange(1, size + 1), k)), "allgather in place")
+    # broadcast from the last rank, whose buffer may be read-only.
+    root = size - 1
+    b = np.arange(k, dtype=np.float32) if rank == root else np.zeros(k, dtype=np.float32)
+    if rank == root:
+        b.flags.writeable = False
+    comm.broadcast(b, root)
+    check(np.array_equal(b, np.arange(k, dtype=np.float32)), "broadcast values")
+    # reduce to rank 1 (or 0), in place at the root.
+    root = 1 % size
+    r = values(rank, k).astype(np.int64)
+    comm.reduce(r, shmring.ReduceOp.MAX, root)
+    if rank == root:
+        check(np.array_equal(r, expected(shmring.ReduceOp.MAX, size, k)), "reduce at root")
+    else:
+        check(np.array_equal(r, values(rank, k)), "reduce leaves non-root buffers alone")
+    comm.barrier()
+    # split: even and odd ranks, reversed by key.
+    with comm.split(rank % 2, key=-rank) as sub:
+        members = [r for r in range(size) if r % 2 == rank % 2]
+        check(sub.size == len(members), "split size")
+        check(sub.rank == sorted(members, reverse=True).index(rank), "split rank order by key")
+        x = np.array([rank], dtype=np.int64)
+        sub.allreduce(x)
+        check(x[0] == sum(members), "allreduce on the split communicator")
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.full((k,), float(rank + 1), dtype=torch.bfloat16)
+    g = torch.zeros(size * k, dtype=torch.bfloat16)
+    comm.allgather(t, g)
+    check(torch.equal(g.float(), torch.arange(1, size + 1).float().repeat_interleave(k)),
+          "allgather of bfloat16 tensors")
+    h = torch.full((k,), 7.0 if rank == 0 else 0.0, dtype=torch.float16)
+    comm.broadcast(h, 0)
+    check(bool((h == 7).all()), "broadcast of float16 tensors")
+
+
 def scenario_mismatch(comm):
     # Ranks disagree on the count: every rank must get MismatchError, then
     # the communicator refuses further work with AbortedError.

@@ -13,6 +13,12 @@ def test_every_datatype_and_operator(size):
     assert_all_ok(run_ranks("collectives", size))
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_collective_family(size):
+    """reduce_scatter, allgather, broadcast, reduce, barrier, split."""
+    assert_all_ok(run_ranks("family", size))
+
+
 def test_mismatch_is_reported_on_every_rank():
     assert_all_ok(run_ranks("mismatch", 3))
 
