@@ -590,13 +590,21 @@ every later call raises AbortedError. One thread at a time per Communicator.
              o.slot_bytes = slot_bytes.value_or(0);
              o.threads = threads.value_or(0);
              o.timeout_s = timeout.value_or(0);
-             return std::make_unique<PyCommunicator>(o);
+             // Attaching waits for every rank: let other threads run meanwhile
+             // (only around the C++ constructor; pybind11 registers the new
+             // instance with the GIL held).
+             std::unique_ptr<PyCommunicator> comm;
+             {
+               py::gil_scoped_release release;
+               comm = std::make_unique<PyCommunicator>(o);
+             }
+             return comm;
            }),
            py::kw_only(), py::arg("rank") = py::none(), py::arg("size") = py::none(),
            py::arg("job_id") = py::none(), py::arg("local_rank") = py::none(),
            py::arg("local_size") = py::none(), py::arg("slots") = py::none(),
            py::arg("slot_bytes") = py::none(), py::arg("threads") = py::none(),
-           py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout") = py::none())
       .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
       .def_property_readonly("size", [](PyCommunicator& c) { return c.get().size(); })
       .def_property_readonly("local_rank", [](PyCommunicator& c) { return c.get().local_rank(); })
