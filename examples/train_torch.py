@@ -1,0 +1,319 @@
+#!/usr/bin/python3
+"""Data-parallel training of a Fashion-MNIST classifier with torch on CPU.
+
+Every rank holds the whole model and a 1/N share of each global batch; after
+backward the gradients are averaged across ranks with one allreduce per
+bucket, so all ranks take the same optimizer step and keep identical
+parameters. The gradients live in flat bucket buffers (each parameter's
+.grad is a view into one), so the allreduce works on them in place with no
+copy, as torch's DistributedDataParallel does with gradient_as_bucket_view.
+
+--backend shmring uses shmring.Communicator().allreduce; --backend gloo runs
+the very same loop with torch.distributed's gloo all_reduce, for comparison.
+
+    build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --backend shmring
+    build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --backend gloo
+
+shmrun sets RANK / WORLD_SIZE (and SHMRING_*); with gloo, MASTER_ADDR and
+MASTER_PORT default to 127.0.0.1 and a port derived from the job id.
+"""
+
+import argparse
+import gzip
+import os
+import pathlib
+import statistics
+import sys
+import time
+import zlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
+# Mean and standard deviation of the Fashion-MNIST training pixels in [0, 1].
+PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
+
+
+def import_shmring():
+    """Imports shmring, falling back to the module built in <repo>/build/python."""
+    try:
+        import shmring
+    except ImportError:
+        built = pathlib.Path(__file__).resolve().parent.parent / "build" / "python"
+        sys.path.insert(0, str(built))
+        import shmring
+    return shmring
+
+
+def load_idx(path, header_bytes, shape):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    return np.frombuffer(bytearray(raw), dtype=np.uint8, offset=header_bytes).reshape(shape)
+
+
+def load_fashion_mnist(data_dir):
+    """(train_images, train_labels, test_images, test_labels) as uint8 / int64 arrays."""
+    d = pathlib.Path(data_dir)
+    names = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+    missing = [n for n in names if not (d / n).is_file()]
+    if missing:
+        raise SystemExit(f"train_torch: {d} lacks {', '.join(missing)} (the Fashion-MNIST idx "
+                         f"files); pass --data DIR")
+    # idx: images have a 16-byte header (magic, count, rows, cols), labels 8.
+    train_x = load_idx(d / names[0], 16, (-1, 28, 28))
+    train_y = load_idx(d / names[1], 8, (-1,)).astype(np.int64)
+    test_x = load_idx(d / names[2], 16, (-1, 28, 28))
+    test_y = load_idx(d / names[3], 8, (-1,)).astype(np.int64)
+    return train_x, train_y, test_x, test_y
+
+
+def to_input(images):
+    x = torch.from_numpy(images).float().div_(255.0)
+    return x.sub_(PIXEL_MEAN).div_(PIXEL_STD).unsqueeze_(1)  # N x 1 x 28 x 28
+
+
+def make_model(name):
+    if name == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(),
+                             nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(),
+                             nn.Linear(128, 10))
+    raise ValueError(f"unknown model {name!r}")
+
+
+class Backend:
+    """allreduce(tensor) in place with SUM, for either library."""
+
+    def __init__(self, name, rank, world_size):
+        self.name = name
+        if name == "shmring":
+            shmring = import_shmring()
+            self.comm = shmring.Communicator()
+            self.sum = shmring.ReduceOp.SUM
+            assert (self.comm.rank, self.comm.size) == (rank, world_size)
+        else:
+            import torch.distributed as dist
+            job = os.environ.get("SHMRING_JOB_ID", "train_torch")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(20000 + zlib.crc32(job.encode()) % 20000))
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            dist.init_process_group("gloo", init_method="env://", rank=rank,
+                                    world_size=world_size)
+            self.dist = dist
+
+    def allreduce(self, tensor):
+        if self.name == "shmring":
+            self.comm.allreduce(tensor, self.sum)
+        else:
+            self.dist.all_reduce(tensor, op=self.dist.ReduceOp.SUM)
+
+    def broadcast(self, tensor, root=0):
+        if self.name == "shmring":
+            self.comm.broadcast(tensor, root)
+        else:
+            self.dist.broadcast(tensor, src=root)
+
+    def close(self):
+        if self.name == "shmring":
+            self.comm.close()
+        else:
+            self.dist.destroy_process_group()
+
+
+class GradientBuckets:
+    """Flat gradient buffers, one per bucket of about bucket_bytes.
+
+    Each parameter's .grad becomes a view into its bucket, so backward
+    accumulates straight into the buffers the allreduce reduces in place.
+    Parameters are bucketed in reverse order (the order backward produces
+    their gradients), as DDP does.
+    """
+
+    def __init__(self, params, bucket_bytes):
+        params = [p for p in params if p.requires_grad][::-1]
+        groups, current, size = [], [], 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if current and bucket_bytes > 0 and size + nbytes > bucket_bytes:
+                groups.append(current)
+                current, size = [], 0
+            current.append(p)
+            size += nbytes
+        if current:
+            groups.append(current)
+        self.buffers = []
+        for group in groups:
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype)
+            offset = 0
+            for p in group:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.buffers.append(flat)
+        self.token = torch.zeros(1)
+
+    def average(self, backend, world_size, sync):
+        """Averages the gradients across ranks.
+
+        Returns (seconds waiting for the slowest rank, seconds in allreduce,
+        CPU seconds this process used in allreduce, all its threads). On
+        shared, oversubscribed cores the wall time also holds the time the
+        ranks spent waiting for a core; the CPU time does not.
+        With `sync`, a one-element allreduce first lines the ranks up, so the
+        second figure is the cost of moving and reducing the gradients alone;
+        without it, that figure also holds the wait for the slowest rank's
+        backward, which on shared cores is far larger than either library's
+        own time.
+        """
+        waited = 0.0
+        if sync:
+            t0 = time.perf_counter()
+            backend.allreduce(self.token)
+            waited = time.perf_counter() - t0
+        spent = cpu = 0.0
+        for flat in self.buffers:
+            t0, c0 = time.perf_counter(), time.process_time()
+            backend.allreduce(flat)
+            spent += time.perf_counter() - t0
+            cpu += time.process_time() - c0
+            flat.div_(world_size)
+        return waited, spent, cpu
+
+
+def broadcast_from_rank0(model, backend):
+    """Makes every rank start from rank 0's parameters, whatever its seed did."""
+    with torch.no_grad():
+        for p in model.parameters():
+            backend.broadcast(p.detach())  # Shares p's storage: written in place.
+
+
+def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
+    """Test loss and accuracy over the whole set, each rank scoring a 1/N share."""
+    model.eval()
+    share = slice(rank, None, world_size)
+    x_all, y_all = images[share], labels[share]
+    stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+    with torch.no_grad():
+        for i in range(0, len(y_all), batch):
+            x, y = to_input(x_all[i:i + batch]), torch.from_numpy(y_all[i:i + batch])
+            out = model(x)
+            stats[0] += F.cross_entropy(out, y, reduction="sum").item()
+            stats[1] += (out.argmax(1) == y).sum().item()
+            stats[2] += len(y)
+    backend.allreduce(stats)
+    model.train()
+    return stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=["shmring", "gloo"], default="shmring")
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=256, help="global batch, all ranks")
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--bucket-mb", type=float, default=0.0,
+                    help="gradient bucket size in MiB; 0 = one flat buffer")
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="first steps left out of the timing statistics")
+    ap.add_argument("--no-sync", action="store_true",
+                    help="time the gradient allreduce without first lining the ranks up (the "
+                         "time then includes waiting for the slowest rank)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", default=DEFAULT_DATA, help="folder with the Fashion-MNIST .gz files")
+    ap.add_argument("--dump-params", metavar="DIR",
+                    help="write the final parameters to DIR/params_rank<R>.npy")
+    args = ap.parse_args()
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.batch_size % world_size:
+        raise SystemExit(f"train_torch: --batch-size {args.batch_size} is not a multiple of the "
+                         f"world size {world_size}")
+    local_batch = args.batch_size // world_size
+    # The ranks share the cores: one intra-op thread each, no oversubscription.
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+
+    train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
+    backend = Backend(args.backend, rank, world_size)
+    model = make_model(args.model)
+    broadcast_from_rank0(model, backend)
+    buckets = GradientBuckets(model.parameters(), int(args.bucket_mb * 2**20))
+    # foreach=False: the in-place per-tensor update leaves .grad views intact.
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, foreach=False)
+    n_params = sum(p.numel() for p in model.parameters())
+    log = print if rank == 0 else (lambda *a, **k: None)
+    log(f"train_torch: backend={args.backend} model={args.model} params={n_params} "
+        f"ranks={world_size} global_batch={args.batch_size} buckets={len(buckets.buffers)} "
+        f"({', '.join(f'{b.numel() * b.element_size() / 2**20:.2f}' for b in buckets.buffers)} MiB)",
+        flush=True)
+
+    steps_per_epoch = len(train_y) // args.batch_size
+    ar_times, wait_times, cpu_times, step_times = [], [], [], []
+    step = 0
+    done = False
+    for epoch in range(args.epochs):
+        # The same permutation on every rank; each takes its own slice of a batch.
+        perm = np.random.default_rng(args.seed + epoch).permutation(len(train_y))
+        for s in range(steps_per_epoch):
+            t_step = time.perf_counter()
+            lo = s * args.batch_size + rank * local_batch
+            idx = perm[lo:lo + local_batch]
+            x, y = to_input(train_x[idx]), torch.from_numpy(train_y[idx])
+            opt.zero_grad(set_to_none=False)
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            wait, ar, cpu = buckets.average(backend, world_size, sync=not args.no_sync)
+            opt.step()
+            step_times.append(time.perf_counter() - t_step)
+            ar_times.append(ar)
+            wait_times.append(wait)
+            cpu_times.append(cpu)
+            step += 1
+            if rank == 0 and (step % args.log_every == 0 or step == 1):
+                acc = (out.argmax(1) == y).float().mean().item()
+                log(f"epoch {epoch} step {step:5d}  loss {loss.item():.4f}  batch acc {acc:.3f}  "
+                    f"allreduce {ar * 1e3:8.3f} ms (cpu {cpu * 1e3:7.3f})  wait {wait * 1e3:7.3f} ms  step {step_times[-1] * 1e3:8.2f} ms",
+                    flush=True)
+            if args.max_steps and step >= args.max_steps:
+                done = True
+                break
+        test_loss, test_acc = evaluate(model, backend, test_x, test_y, rank, world_size)
+        log(f"epoch {epoch} done: test loss {test_loss:.4f}  test accuracy {test_acc:.4f}",
+            flush=True)
+        if done:
+            break
+
+    if args.dump_params:
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        os.makedirs(args.dump_params, exist_ok=True)
+        np.save(os.path.join(args.dump_params, f"params_rank{rank}.npy"), flat.numpy())
+
+    def ms(times):
+        return [t * 1e3 for t in (times[args.warmup:] or times)]
+
+    ar_ms, wait_ms, step_ms = ms(ar_times), ms(wait_times), ms(step_times)
+    cpu_ms = ms(cpu_times)
+    log(f"RESULT backend={args.backend} model={args.model} ranks={world_size} steps={step} "
+        f"allreduce_mean_ms={statistics.mean(ar_ms):.3f} "
+        f"allreduce_median_ms={statistics.median(ar_ms):.3f} "
+        f"allreduce_cpu_mean_ms={statistics.mean(cpu_ms):.3f} "
+        f"wait_mean_ms={statistics.mean(wait_ms):.3f} step_mean_ms={statistics.mean(step_ms):.2f} "
+        f"test_acc={test_acc:.4f} "
+        f"test_loss={test_loss:.4f}", flush=True)
+    backend.close()
+
+
+if __name__ == "__main__":
+    main()

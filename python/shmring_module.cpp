@@ -1,0 +1,693 @@
+// Python bindings: the `shmring` extension module.
+//
+// Buffers are never copied. A collective works on the memory of the object it
+// is given, reached in one of two ways:
+//   - the buffer protocol (numpy arrays, bytearray, memoryview, array.array),
+//     which says whether the memory is writable and gives format and strides;
+//   - DLPack (`__dlpack__`), for torch tensors: torch has no buffer protocol
+//     and a bfloat16 tensor has no numpy form at all.
+// Anything the ring cannot use as-is (non-contiguous, read-only, an unknown
+// element type, memory that is not on the CPU) is an InvalidArgumentError,
+// which is also a ValueError; a silent copy would break "reduced in place".
+//
+// The GIL is released while a collective runs, so other Python threads (data
+// loading, logging) keep going while this rank waits for its peers.
+
+#include <fmt/format.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "shmring/shmring.hpp"
+
+namespace py = pybind11;
+
+namespace shmring::python {
+namespace {
+
+// ---------------------------------------------------------------------------
+// DLPack: the consumer side of the exchange, declared from the published ABI
+// (a plain C struct layout shared by every framework that speaks DLPack).
+
+enum DlDeviceType : std::int32_t { kDlCpu = 1 };
+enum DlTypeCode : std::uint8_t { kDlInt = 0, kDlUInt = 1, kDlFloat = 2, kDlBfloat = 4 };
+
+struct DlDevice {
+  std::int32_t device_type;
+  std::int32_t device_id;
+};
+struct DlDataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct DlTensor {
+  void* data;
+  DlDevice device;
+  std::int32_t ndim;
+  DlDataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // In elements; null means compact row-major.
+  std::uint64_t byte_offset;
+};
+struct DlManagedTensor {
+  DlTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DlManagedTensor* self);
+};
+
+// Capsule names fixed by the protocol: the producer names it "dltensor"; a
+// consumer that takes ownership renames it so the capsule's own destructor
+// does not free the tensor a second time.
+constexpr const char* kDlCapsule = "dltensor";
+constexpr const char* kDlUsedCapsule = "used_dltensor";
+
+// ---------------------------------------------------------------------------
+// A borrowed view of the memory of one Python object, kept alive (buffer
+// released, DLPack deleter called) until the view is destroyed.
+
+class BufferView {
+ public:
+  BufferView() = default;
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  ~BufferView() {
+    if (has_py_buffer_) PyBuffer_Release(&py_buffer_);
+    if (managed_ && managed_->deleter) managed_->deleter(managed_);
+  }
+
+  /// `what` names the argument in error messages; `writable` is required for
+  /// the buffers a collective writes.
+  void acquire(py::handle obj, const char* what, bool writable);
+
+  void* data() const { return data_; }
+  std::size_t count() const { return count_; }
+  DataType dtype() const { return dtype_; }
+
+ private:
+  void acquire_buffer(py::handle obj, const char* what, bool writable);
+  void acquire_dlpack(py::handle obj, const char* what);
+
+  Py_buffer py_buffer_{};
+  bool has_py_buffer_ = false;
+  DlManagedTensor* managed_ = nullptr;
+  void* data_ = nullptr;
+  std::size_t count_ = 0;
+  DataType dtype_ = DataType::float32;
+};
+
+std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+}
+
+// The element type of a buffer-protocol format string ("f", "<e", "=q", ...).
+std::optional<DataType> datatype_of_format(const char* format, Py_ssize_t itemsize) {
+  std::string f = format ? format : "B";
+  // Native or explicit little-endian only: the kernels work on native values.
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.erase(0, 1);
+  if (f.size() != 1) return std::nullopt;
+  switch (f[0]) {
+    case 'f':
+      return itemsize == 4 ? std::optional(DataType::float32) : std::nullopt;
+    case 'd':
+      return itemsize == 8 ? std::optional(DataType::float64) : std::nullopt;
+    case 'e':
+      return itemsize == 2 ? std::optional(DataType::float16) : std::nullopt;
+    case 'B':
+      return itemsize == 1 ? std::optional(DataType::uint8) : std::nullopt;
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n':
+      // Signed integers: the C name's width varies by platform, the size not.
+      switch (itemsize) {
+        case 1:
+          return DataType::int8;
+        case 4:
+          return DataType::int32;
+        case 8:
+          return DataType::int64;
+      }
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::optional<DataType> datatype_of_dlpack(const DlDataType& t) {
+  if (t.lanes != 1) return std::nullopt;
+  switch (t.code) {
+    case kDlFloat:
+      if (t.bits == 32) return DataType::float32;
+      if (t.bits == 64) return DataType::float64;
+      if (t.bits == 16) return DataType::float16;
+      return std::nullopt;
+    case kDlBfloat:
+      return t.bits == 16 ? std::optional(DataType::bfloat16) : std::nullopt;
+    case kDlInt:
+      if (t.bits == 8) return DataType::int8;
+      if (t.bits == 32) return DataType::int32;
+      if (t.bits == 64) return DataType::int64;
+      return std::nullopt;
+    case kDlUInt:
+      return t.bits == 8 ? std::optional(DataType::uint8) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+constexpr const char* kSupportedTypes =
+    "float32, float64, float16, bfloat16, int8, uint8, int32 or int64";
+
+void BufferView::acquire(py::handle obj, const char* what, bool writable) {
+  // The buffer protocol first: it is the only one that reports read-only
+  // memory (numpy refuses to export such an array through DLPack anyway).
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    acquire_buffer(obj, what, writable);
+  } else if (py::hasattr(obj, "__dlpack__")) {
+    acquire_dlpack(obj, what);
+  } else {
+    throw InvalidArgumentError(fmt::format(
+        "{}: a {} has neither the buffer protocol nor __dlpack__; expected a numpy array, a "
+        "torch CPU tensor or another contiguous buffer",
+        what, type_name(obj)));
+  }
+}
+
+void BufferView::acquire_buffer(py::handle obj, const char* what, bool writable) {
+  // Ask for strides and format without demanding contiguity or writability,
+  // so that we can say which of the two is missing.
+  if (PyObject_GetBuffer(obj.ptr(), &py_buffer_, PyBUF_STRIDES | PyBUF_FORMAT) != 0)
+    throw py::error_already_set();
+  has_py_buffer_ = true;
+  const Py_buffer& b = py_buffer_;
+  if (writable && b.readonly)
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} is read-only; a collective writes its result into this buffer "
+                    "(for numpy, pass a writable array, e.g. a copy)",
+                    what, type_name(obj)));
+  if (!PyBuffer_IsContiguous(&b, 'C'))
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} is not C-contiguous; shmring reduces in place and never copies "
+                    "(pass a contiguous array, e.g. numpy.ascontiguousarray)",
+                    what, type_name(obj)));
+  auto dtype = datatype_of_format(b.format, b.itemsize);
+  if (!dtype)
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} has element format '{}' ({} bytes); expected {}", what,
+                    type_name(obj), b.format ? b.format : "B", b.itemsize, kSupportedTypes));
+  dtype_ = *dtype;
+  data_ = b.buf;
+  count_ = static_cast<std::size_t>(b.len / b.itemsize);
+}
+
+void BufferView::acquire_dlpack(py::handle obj, const char* what) {
+  py::object capsule;
+  try {
+    capsule = obj.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    // torch refuses tensors that require grad, bool tensors, conjugate views...
+    std::string why = py::str(e.value()).cast<std::string>();
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} cannot be shared through DLPack: {}: {}", what, type_name(obj),
+                    py::str(e.type().attr("__name__")).cast<std::string>(), why));
+  }
+  auto* managed = static_cast<DlManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kDlCapsule));
+  if (managed == nullptr) throw py::error_already_set();  // Wrong or already used capsule.
+  // Ownership moves to us: rename so the capsule's destructor leaves it alone.
+  if (PyCapsule_SetName(capsule.ptr(), kDlUsedCapsule) != 0) throw py::error_already_set();
+  managed_ = managed;
+
+  const DlTensor& t = managed->dl_tensor;
+  if (t.device.device_type != kDlCpu)
+    throw InvalidArgumentError(fmt::format(
+        "{}: the {} lives on DLPack device type {} (id {}); shmring reduces CPU memory only "
+        "(device type {})",
+        what, type_name(obj), t.device.device_type, t.device.device_id, int{kDlCpu}));
+  auto dtype = datatype_of_dlpack(t.dtype);
+  if (!dtype)
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} has DLPack dtype (code {}, bits {}, lanes {}); expected {}", what,
+                    type_name(obj), t.dtype.code, t.dtype.bits, t.dtype.lanes, kSupportedTypes));
+  std::size_t count = 1;
+  for (std::int32_t i = 0; i < t.ndim; ++i) {
+    if (t.shape[i] < 0)
+      throw InvalidArgumentError(
+          fmt::format("{}: DLPack shape[{}] is {}, negative", what, i, t.shape[i]));
+    count *= static_cast<std::size_t>(t.shape[i]);
+  }
+  if (t.strides != nullptr && count > 0) {
+    // Row-major compact: each stride is the product of the extents after it.
+    // An extent of 1 may carry any stride (torch gives such dims odd ones).
+    std::int64_t expected = 1;
+    for (std::int32_t i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expected)
+        throw InvalidArgumentError(fmt::format(
+            "{}: the {} is not contiguous (dimension {} has stride {}, expected {}); shmring "
+            "reduces in place and never copies (call .contiguous() first)",
+            what, type_name(obj), i, t.strides[i], expected));
+      expected *= t.shape[i];
+    }
+  }
+  dtype_ = *dtype;
+  data_ = static_cast<std::byte*>(t.data) + t.byte_offset;
+  count_ = count;
+}
+
+// ---------------------------------------------------------------------------
+// Exceptions: one Python class per ErrorCode, under a common shmring.Error
+// (a RuntimeError). Where a builtin says the same thing, the class derives
+// from it too, so `except ValueError` / `except TimeoutError` work.
+
+struct ErrorClasses {
+  py::handle base;
+  py::handle by_code[9];  // Indexed by ErrorCode.
+};
+ErrorClasses g_errors;
+
+py::handle new_exception(py::module_& m, const char* name, py::tuple bases, const char* doc) {
+  std::string qualified = std::string("shmring.") + name;
+  PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  // The module keeps one reference; the translator borrows it for the life of
+  // the interpreter (exception classes are never unloaded).
+  m.add_object(name, py::handle(cls));
+  return cls;
+}
+
+void register_exceptions(py::module_& m) {
+  py::handle builtins_value_error = PyExc_ValueError;
+  py::handle builtins_timeout = PyExc_TimeoutError;
+  py::handle builtins_os_error = PyExc_OSError;
+  py::handle builtins_memory = PyExc_MemoryError;
+  py::handle builtins_connection = PyExc_ConnectionError;
+
+  g_errors.base = new_exception(m, "Error", py::make_tuple(py::handle(PyExc_RuntimeError)),
+                                "Base of every shmring error; .code is the ErrorCode.");
+  auto sub = [&](const char* name, ErrorCode code, py::tuple bases, const char* doc) {
+    g_errors.by_code[static_cast<int>(code)] = new_exception(m, name, bases, doc);
+  };
+  py::handle base = g_errors.base;
+  sub("InvalidArgumentError", ErrorCode::invalid_argument,
+      py::make_tuple(base, builtins_value_error),
+      "A bad value from the caller or the environment (also a ValueError).");
+  sub("MismatchError", ErrorCode::mismatch, py::make_tuple(base),
+      "Ranks called different collectives, counts, datatypes, operators or roots.");
+  sub("TimeoutError", ErrorCode::timeout, py::make_tuple(base, builtins_timeout),
+      "A wait passed its deadline, SHMRING_TIMEOUT (also the builtin TimeoutError).");
+  sub("PeerFailureError", ErrorCode::peer_failure, py::make_tuple(base, builtins_connection),
+      "A peer process died or left mid-collective (also a ConnectionError).");
+  sub("AbortedError", ErrorCode::aborted, py::make_tuple(base),
+      "The job was aborted by a rank's error or an explicit abort().");
+  sub("SystemError", ErrorCode::system_error, py::make_tuple(base, builtins_os_error),
+      "A system call failed; .errno holds the cause (also an OSError).");
+  sub("OutOfSharedMemoryError", ErrorCode::out_of_shared_memory,
+      py::make_tuple(base, builtins_memory),
+      "/dev/shm cannot hold the segment (also a MemoryError).");
+  sub("InternalError", ErrorCode::internal, py::make_tuple(base), "A bug in shmring.");
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      auto index = static_cast<unsigned>(e.code());
+      py::handle cls = index < std::size(g_errors.by_code) && g_errors.by_code[index]
+                           ? g_errors.by_code[index]
+                           : g_errors.base;
+      // Build the instance ourselves to attach the code (and errno) to it.
+      py::object exc = cls(py::str(e.what()));
+      exc.attr("code") = py::cast(e.code());
+      if (e.code() == ErrorCode::system_error) exc.attr("errno") = e.sys_errno();
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// The Python Communicator: the C++ one, plus an explicit close() and a guard
+// against use from two threads at once (the C++ object allows one thread at a
+// time, and the GIL is released while a collective runs).
+
+class PyCommunicator {
+ public:
+  explicit PyCommunicator(const Options& options)
+      : comm_(std::make_unique<Communicator>(options)) {}
+  explicit PyCommunicator(Communicator&& comm)
+      : comm_(std::make_unique<Communicator>(std::move(comm))) {}
+
+  Communicator& get() {
+    if (!comm_) throw InvalidArgumentError("this Communicator was closed; create a new one");
+    return *comm_;
+  }
+  bool closed() const { return !comm_; }
+
+  void close() {
+    if (busy_.load())
+      throw InvalidArgumentError(
+          "close(): a collective is running on this Communicator in another thread");
+    std::unique_ptr<Communicator> c = std::move(comm_);
+    py::gil_scoped_release release;
+    c.reset();
+  }
+
+  /// Marks the communicator in use for one collective.
+  class Busy {
+   public:
+    explicit Busy(PyCommunicator& c, const char* what) : c_(c) {
+      if (c_.busy_.exchange(true))
+        throw InvalidArgumentError(fmt::format(
+            "{}: this Communicator is already running a collective in another thread; one "
+            "Communicator serves one thread at a time",
+            what));
+    }
+    ~Busy() { c_.busy_.store(false); }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    PyCommunicator& c_;
+  };
+
+ private:
+  std::unique_ptr<Communicator> comm_;
+  std::atomic<bool> busy_{false};
+};
+
+py::object allreduce(PyCommunicator& self, py::object buffer, ReduceOp op, py::object out) {
+  Communicator& comm = self.get();
+  BufferView send;
+  BufferView recv_storage;
+  const BufferView* recv = &send;
+  if (out.is_none()) {
+    send.acquire(buffer, "allreduce: buffer", /*writable=*/true);
+  } else {
+    send.acquire(buffer, "allreduce: buffer", /*writable=*/false);
+    recv_storage.acquire(out, "allreduce: out", /*writable=*/true);
+    recv = &recv_storage;
+    if (recv->dtype() != send.dtype() || recv->count() != send.count())
+      throw InvalidArgumentError(fmt::format(
+          "allreduce: buffer holds {} {} elements but out holds {} {} elements; they must match",
+          send.count(), to_string(send.dtype()), recv->count(), to_string(recv->dtype())));
+  }
+  PyCommunicator::Busy busy(self, "allreduce");
+  {
+    py::gil_scoped_release release;
+    comm.allreduce(send.data(), recv->data(), send.count(), send.dtype(), op);
+  }
+  return out.is_none() ? buffer : out;
+}
+
+void check_same_type(const char* what, const BufferView& a, const char* a_name, const BufferView& b,
+                     const char* b_name) {
+  if (a.dtype() != b.dtype())
+    throw InvalidArgumentError(fmt::format("{}: {} is {} but {} is {}; they must match", what,
+                                           a_name, to_string(a.dtype()), b_name,
+                                           to_string(b.dtype())));
+}
+
+// Runs one collective with the GIL released, holding the one-thread guard.
+template <class F>
+void run_collective(PyCommunicator& self, const char* what, F&& f) {
+  Communicator& comm = self.get();
+  PyCommunicator::Busy busy(self, what);
+  py::gil_scoped_release release;
+  f(comm);
+}
+
+py::object reduce_scatter(PyCommunicator& self, py::object send_obj, py::object out_obj,
+                          ReduceOp op) {
+  const int size = self.get().size();
+  BufferView send, out;
+  send.acquire(send_obj, "reduce_scatter: send", /*writable=*/false);
+  out.acquire(out_obj, "reduce_scatter: out", /*writable=*/true);
+  check_same_type("reduce_scatter", send, "send", out, "out");
+  if (send.count() != out.count() * static_cast<std::size_t>(size))
+    throw InvalidArgumentError(
+        fmt::format("reduce_scatter: send holds {} elements, expected size() x out = {} x {} = {}",
+                    send.count(), size, out.count(), out.count() * static_cast<std::size_t>(size)));
+  run_collective(self, "reduce_scatter", [&](Communicator& c) {
+    c.reduce_scatter(send.data(), out.data(), out.count(), out.dtype(), op);
+  });
+  return out_obj;
+}
+
+py::object allgather(PyCommunicator& self, py::object send_obj, py::object out_obj) {
+  const int size = self.get().size();
+  BufferView send, out;
+  send.acquire(send_obj, "allgather: send", /*writable=*/false);
+  out.acquire(out_obj, "allgather: out", /*writable=*/true);
+  check_same_type("allgather", send, "send", out, "out");
+  if (out.count() != send.count() * static_cast<std::size_t>(size))
+    throw InvalidArgumentError(fmt::format(
+        "allgather: out holds {} elements, expected size() x send = {} x {} = {}", out.count(),
+        size, send.count(), send.count() * static_cast<std::size_t>(size)));
+  run_collective(self, "allgather", [&](Communicator& c) {
+    c.allgather(send.data(), out.data(), send.count(), send.dtype());
+  });
+  return out_obj;
+}
+
+py::object broadcast(PyCommunicator& self, py::object buffer, int root) {
+  // The root only reads its buffer; the others write into theirs.
+  BufferView view;
+  view.acquire(buffer, "broadcast: buffer", /*writable=*/self.get().rank() != root);
+  run_collective(self, "broadcast", [&](Communicator& c) {
+    c.broadcast(view.data(), view.count(), view.dtype(), root);
+  });
+  return buffer;
+}
+
+py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root, py::object out) {
+  const bool at_root = self.get().rank() == root;
+  BufferView send, out_storage;
+  const BufferView* recv = &send;
+  send.acquire(buffer, "reduce: buffer", /*writable=*/at_root && out.is_none());
+  if (!out.is_none()) {
+    out_storage.acquire(out, "reduce: out", /*writable=*/true);
+    check_same_type("reduce", send, "buffer", out_storage, "out");
+    if (out_storage.count() != send.count())
+      throw InvalidArgumentError(
+          fmt::format("reduce: buffer holds {} elements but out holds {}; they must match",
+                      send.count(), out_storage.count()));
+    recv = &out_storage;
+  }
+  run_collective(self, "reduce", [&](Communicator& c) {
+    c.reduce(send.data(), at_root ? recv->data() : nullptr, send.count(), send.dtype(), op, root);
+  });
+  return out.is_none() ? buffer : out;
+}
+
+py::dict config_dict(const Config& c) {
+  py::dict d;
+  d["rank"] = c.rank;
+  d["world_size"] = c.world_size;
+  d["local_rank"] = c.local_rank;
+  d["local_world_size"] = c.local_world_size;
+  d["job_id"] = c.job_id;
+  d["slots"] = c.slots;
+  d["slot_bytes"] = c.slot_bytes;
+  d["threads"] = c.threads;
+  d["timeout_s"] = c.timeout_s;
+  d["spin_us"] = c.spin_us;
+  d["yield_us"] = c.yield_us;
+  d["segment_name"] = c.segment_name;
+  d["segment_bytes"] = c.segment_bytes;
+  return d;
+}
+
+}  // namespace
+}  // namespace shmring::python
+
+PYBIND11_MODULE(shmring, m) {
+  using namespace shmring;
+  using namespace shmring::python;
+  m.doc() =
+      "Collectives between the processes of one machine over POSIX shared memory.\n\n"
+      "Buffers (numpy arrays, torch CPU tensors, any contiguous buffer) are reduced in\n"
+      "place with no copy; the GIL is released while a collective runs.";
+  m.attr("__version__") = SHMRING_VERSION_STRING;
+
+  py::enum_<DataType>(m, "DataType", "Element type of a collective's buffers.")
+      .value("FLOAT32", DataType::float32)
+      .value("FLOAT64", DataType::float64)
+      .value("FLOAT16", DataType::float16)
+      .value("BFLOAT16", DataType::bfloat16)
+      .value("INT8", DataType::int8)
+      .value("UINT8", DataType::uint8)
+      .value("INT32", DataType::int32)
+      .value("INT64", DataType::int64);
+
+  py::enum_<ReduceOp>(m, "ReduceOp",
+                      "Reduction operator. Integer SUM and PROD wrap around; AVG is SUM divided "
+                      "by the world size, floating types only.")
+      .value("SUM", ReduceOp::sum)
+      .value("PROD", ReduceOp::prod)
+      .value("MIN", ReduceOp::min)
+      .value("MAX", ReduceOp::max)
+      .value("AVG", ReduceOp::avg);
+
+  py::enum_<ErrorCode>(m, "ErrorCode", "What went wrong; the .code of every shmring.Error.")
+      .value("OK", ErrorCode::ok)
+      .value("INVALID_ARGUMENT", ErrorCode::invalid_argument)
+      .value("MISMATCH", ErrorCode::mismatch)
+      .value("TIMEOUT", ErrorCode::timeout)
+      .value("PEER_FAILURE", ErrorCode::peer_failure)
+      .value("ABORTED", ErrorCode::aborted)
+      .value("SYSTEM_ERROR", ErrorCode::system_error)
+      .value("OUT_OF_SHARED_MEMORY", ErrorCode::out_of_shared_memory)
+      .value("INTERNAL", ErrorCode::internal);
+
+  register_exceptions(m);
+
+  m.def(
+      "datatype_of",
+      [](py::handle obj) {
+        BufferView view;
+        view.acquire(obj, "datatype_of", /*writable=*/false);
+        return view.dtype();
+      },
+      py::arg("buffer"),
+      "The DataType shmring sees in `buffer` (numpy array, torch tensor, ...). Raises "
+      "InvalidArgumentError for one it cannot use.");
+
+  m.def(
+      "datatype_size", [](DataType t) { return datatype_size(t); }, py::arg("dtype"),
+      "Bytes per element of `dtype`.");
+
+  py::class_<PyCommunicator>(m, "Communicator", R"doc(
+A group of world-size processes on this host running collectives over one
+shared-memory segment.
+
+Communicator() takes rank, world size and job id from the environment
+(shmrun's SHMRING_*, torchrun's RANK/WORLD_SIZE, Open MPI, Slurm). Keyword
+arguments override single settings. Construction blocks until every rank has
+attached (or the timeout passes).
+
+Collective-call rules: every rank calls the same collectives in the same
+order with the same count, datatype and operator; a disagreement raises
+MismatchError on every rank. After any error the communicator is broken and
+every later call raises AbortedError. One thread at a time per Communicator.
+)doc")
+      .def(py::init([](std::optional<int> rank, std::optional<int> size,
+                       std::optional<std::string> job_id, std::optional<int> local_rank,
+                       std::optional<int> local_size, std::optional<std::size_t> slots,
+                       std::optional<std::size_t> slot_bytes, std::optional<int> threads,
+                       std::optional<double> timeout) {
+             Options o;
+             o.rank = rank.value_or(-1);
+             o.world_size = size.value_or(-1);
+             o.job_id = job_id.value_or("");
+             o.local_rank = local_rank.value_or(-1);
+             o.local_world_size = local_size.value_or(-1);
+             o.slots = slots.value_or(0);
+             o.slot_bytes = slot_bytes.value_or(0);
+             o.threads = threads.value_or(0);
+             o.timeout_s = timeout.value_or(0);
+             // Attaching waits for every rank: let other threads run meanwhile
+             // (only around the C++ constructor; pybind11 registers the new
+             // instance with the GIL held).
+             std::unique_ptr<PyCommunicator> comm;
+             {
+               py::gil_scoped_release release;
+               comm = std::make_unique<PyCommunicator>(o);
+             }
+             return comm;
+           }),
+           py::kw_only(), py::arg("rank") = py::none(), py::arg("size") = py::none(),
+           py::arg("job_id") = py::none(), py::arg("local_rank") = py::none(),
+           py::arg("local_size") = py::none(), py::arg("slots") = py::none(),
+           py::arg("slot_bytes") = py::none(), py::arg("threads") = py::none(),
+           py::arg("timeout") = py::none())
+      .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
+      .def_property_readonly("size", [](PyCommunicator& c) { return c.get().size(); })
+      .def_property_readonly("local_rank", [](PyCommunicator& c) { return c.get().local_rank(); })
+      .def_property_readonly("local_size", [](PyCommunicator& c) { return c.get().local_size(); })
+      .def_property_readonly(
+          "config", [](PyCommunicator& c) { return config_dict(c.get().config()); },
+          "Settings in force (explicit, environment, defaults) as a dict.")
+      .def_property_readonly(
+          "collective_count", [](PyCommunicator& c) { return c.get().collective_count(); },
+          "Collectives issued so far by this rank.")
+      .def_property_readonly("closed", &PyCommunicator::closed)
+      .def("allreduce", &allreduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::kw_only(),
+           py::arg("out") = py::none(), R"doc(
+Allreduce: every rank ends with op over all ranks of `buffer`, element-wise.
+
+buffer: a C-contiguous numpy array, torch CPU tensor (through __dlpack__) or
+other buffer of float32, float64, float16, bfloat16, int8, uint8, int32 or
+int64. Without `out` it is reduced in place and must be writable; with `out`
+(same datatype and element count, writable) the result goes there and
+`buffer` is only read. No copy is ever made: a non-contiguous or read-only
+buffer raises InvalidArgumentError (a ValueError). Returns the buffer that
+holds the result. Releases the GIL while it runs.
+Raises InvalidArgumentError, MismatchError, TimeoutError, PeerFailureError,
+AbortedError.
+)doc")
+      .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("out"),
+           py::arg("op") = ReduceOp::sum, R"doc(
+Reduce-scatter: rank r's `out` (k elements) receives op over ranks of
+send[r*k:(r+1)*k]; `send` holds size*k elements. In place when `out` is that
+slice of `send` (e.g. out = send[rank*k:(rank+1)*k]). Returns `out`.
+)doc")
+      .def("allgather", &allgather, py::arg("send"), py::arg("out"), R"doc(
+Allgather: `out` (size*k elements) receives every rank's `send` (k elements)
+in rank order. In place when `send` is out[rank*k:(rank+1)*k]. Returns `out`.
+)doc")
+      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root") = 0, R"doc(
+Broadcast: every rank's `buffer` receives root's, in place (the root's may be
+read-only). Returns `buffer`.
+)doc")
+      .def("reduce", &reduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::arg("root") = 0,
+           py::kw_only(), py::arg("out") = py::none(), R"doc(
+Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
+used at the root only); the other ranks' buffers are only read. Returns the
+buffer that holds the result at the root.
+)doc")
+      .def(
+          "barrier",
+          [](PyCommunicator& self) {
+            run_collective(self, "barrier", [](Communicator& c) { c.barrier(); });
+          },
+          "Returns once every rank has entered the barrier. Releases the GIL.")
+      .def(
+          "split",
+          [](PyCommunicator& self, int color, int key) {
+            std::unique_ptr<PyCommunicator> result;
+            run_collective(self, "split", [&](Communicator& c) {
+              result = std::make_unique<PyCommunicator>(c.split(color, key));
+            });
+            return result;
+          },
+          py::arg("color"), py::arg("key") = 0, R"doc(
+MPI_Comm_split: a new Communicator of the ranks that pass the same color
+(>= 0), ranked by (key, rank here), with its own segment. Collective over this
+communicator.
+)doc")
+      .def(
+          "abort", [](PyCommunicator& c, const std::string& reason) { c.get().abort(reason); },
+          py::arg("reason"),
+          "Marks the job aborted: every rank's pending and later collectives raise AbortedError "
+          "carrying `reason`. Safe from any thread.")
+      .def("close", &PyCommunicator::close,
+           "Detaches from the segment now (also done when the object is collected). Later calls "
+           "raise InvalidArgumentError.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PyCommunicator& c, py::handle, py::handle, py::handle) {
+             c.close();
+             return false;
+           })
+      .def("__repr__", [](PyCommunicator& c) {
+        if (c.closed()) return std::string("<shmring.Communicator (closed)>");
+        const Config& cfg = c.get().config();
+        return fmt::format("<shmring.Communicator rank={} size={} job_id='{}'>", cfg.rank,
+                           cfg.world_size, cfg.job_id);
+      });
+}

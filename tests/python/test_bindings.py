@@ -1,0 +1,206 @@
+"""Single-process checks of the bindings: types, buffers, errors, lifetime.
+
+A one-rank communicator makes allreduce the identity, which is enough to
+check how buffers are taken; values across ranks are test_multi_rank.py's.
+"""
+
+import numpy as np
+import pytest
+
+import shmring
+
+try:
+    import torch
+except ImportError:  # python3-torch is optional: the numpy half still runs.
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+@pytest.fixture
+def comm(job_id):
+    with shmring.Communicator(rank=0, size=1, job_id=job_id) as c:
+        yield c
+
+
+NUMPY_TYPES = {
+    np.float32: shmring.DataType.FLOAT32,
+    np.float64: shmring.DataType.FLOAT64,
+    np.float16: shmring.DataType.FLOAT16,
+    np.int8: shmring.DataType.INT8,
+    np.uint8: shmring.DataType.UINT8,
+    np.int32: shmring.DataType.INT32,
+    np.int64: shmring.DataType.INT64,
+}
+TORCH_TYPES = {} if torch is None else {
+    torch.float32: shmring.DataType.FLOAT32,
+    torch.float64: shmring.DataType.FLOAT64,
+    torch.float16: shmring.DataType.FLOAT16,
+    torch.bfloat16: shmring.DataType.BFLOAT16,
+    torch.int8: shmring.DataType.INT8,
+    torch.uint8: shmring.DataType.UINT8,
+    torch.int32: shmring.DataType.INT32,
+    torch.int64: shmring.DataType.INT64,
+}
+
+
+def test_module_surface():
+    """The module exposes the communicator, enums, errors and a version."""
+    assert shmring.__version__.count(".") == 2
+    assert [m.name for m in shmring.ReduceOp.__members__.values()] == \
+        ["SUM", "PROD", "MIN", "MAX", "AVG"]
+    assert len(shmring.DataType.__members__) == 8
+    assert shmring.datatype_size(shmring.DataType.BFLOAT16) == 2
+
+
+@pytest.mark.parametrize("dtype", list(NUMPY_TYPES), ids=lambda t: np.dtype(t).name)
+def test_numpy_datatypes(comm, dtype):
+    """Every supported numpy dtype maps to its DataType and reduces in place."""
+    assert shmring.datatype_of(np.zeros(3, dtype)) == NUMPY_TYPES[dtype]
+    a = np.arange(17, dtype=dtype)
+    address = a.ctypes.data
+    assert comm.allreduce(a, shmring.ReduceOp.MAX) is a
+    assert a.ctypes.data == address
+    assert np.array_equal(a, np.arange(17, dtype=dtype))
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", list(TORCH_TYPES), ids=str)
+def test_torch_datatypes(comm, dtype):
+    """Every supported torch dtype (bfloat16 and float16 included) maps through DLPack."""
+    t = torch.arange(17).to(dtype)
+    assert shmring.datatype_of(t) == TORCH_TYPES[dtype]
+    ptr = t.data_ptr()
+    assert comm.allreduce(t) is t
+    assert t.data_ptr() == ptr
+    assert torch.equal(t, torch.arange(17).to(dtype))
+
+
+@needs_torch
+def test_torch_after_allreduce_is_usable(comm):
+    """The DLPack export is released: the tensor stays usable and resizable."""
+    t = torch.ones(10)
+    for _ in range(3):
+        comm.allreduce(t)
+    t.resize_(20)  # Would fail while an export still held the storage's view.
+    assert t.shape == (20,)
+
+
+def test_non_contiguous_is_value_error(comm):
+    """A strided buffer is refused with ValueError, never copied."""
+    a = np.zeros((4, 4), np.float32)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        comm.allreduce(a[:, 1])
+    if torch is None:
+        return
+    with pytest.raises(shmring.InvalidArgumentError, match="not contiguous"):
+        comm.allreduce(torch.zeros(4, 4).t())
+    with pytest.raises(ValueError, match="not contiguous"):
+        comm.allreduce(torch.zeros(10)[::2])
+    # Size-1 dimensions may carry any stride and are still contiguous.
+    comm.allreduce(torch.zeros(4, 4)[1:2].t())  # Shape (4, 1), strides (1, 4).
+
+
+def test_read_only_is_value_error(comm):
+    """A read-only buffer is refused for an in-place collective."""
+    a = np.ones(8, np.float32)
+    a.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        comm.allreduce(a)
+    with pytest.raises(ValueError, match="read-only"):
+        comm.allreduce(b"abcd")
+    # As the input of an out-of-place allreduce it is fine.
+    out = np.zeros(8, np.float32)
+    comm.allreduce(a, out=out)
+    assert np.array_equal(out, a)
+
+
+@pytest.mark.parametrize("bad", [
+    np.zeros(3, np.int16), np.zeros(3, np.uint32), np.zeros(3, bool), np.zeros(3, np.complex64),
+    np.zeros(3, ">f4"),
+], ids=["int16", "uint32", "bool", "complex64", "big-endian"])
+def test_unsupported_numpy_dtype(comm, bad):
+    with pytest.raises(ValueError, match="expected float32"):
+        comm.allreduce(bad)
+
+
+@needs_torch
+def test_unsupported_objects(comm):
+    with pytest.raises(ValueError, match="neither the buffer protocol nor __dlpack__"):
+        comm.allreduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="DLPack"):
+        comm.allreduce(torch.zeros(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="require gradient"):
+        comm.allreduce(torch.zeros(3, requires_grad=True))
+    with pytest.raises(ValueError, match="DLPack dtype"):
+        comm.allreduce(torch.zeros(3, dtype=torch.int16))
+
+
+def test_out_must_match(comm):
+    with pytest.raises(ValueError, match="must match"):
+        comm.allreduce(np.zeros(4, np.float32), out=np.zeros(5, np.float32))
+    with pytest.raises(ValueError, match="must match"):
+        comm.allreduce(np.zeros(4, np.float32), out=np.zeros(4, np.float64))
+
+
+def test_error_mapping_from_core(comm):
+    """Errors raised by the C++ core arrive as the matching Python class."""
+    with pytest.raises(shmring.InvalidArgumentError, match="avg") as info:
+        comm.allreduce(np.zeros(4, np.int32), shmring.ReduceOp.AVG)
+    assert info.value.code == shmring.ErrorCode.INVALID_ARGUMENT
+    assert isinstance(info.value, ValueError) and isinstance(info.value, shmring.Error)
+
+
+def test_exception_hierarchy():
+    E = shmring
+    assert issubclass(E.Error, RuntimeError)
+    for cls in [E.InvalidArgumentError, E.MismatchError, E.TimeoutError, E.PeerFailureError,
+                E.AbortedError, E.SystemError, E.OutOfSharedMemoryError, E.InternalError]:
+        assert issubclass(cls, E.Error), cls
+    assert issubclass(E.InvalidArgumentError, ValueError)
+    assert issubclass(E.TimeoutError, TimeoutError)
+    assert issubclass(E.SystemError, OSError)
+    assert issubclass(E.PeerFailureError, ConnectionError)
+    assert issubclass(E.OutOfSharedMemoryError, MemoryError)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rank=3, size=2), "rank"),
+    (dict(rank=0, size=0), "size"),
+    (dict(rank=0, size=1, job_id="bad id!"), "job id"),
+    (dict(rank=0, size=1, slots=1), "slot"),
+])
+def test_bad_constructor_arguments(job_id, kwargs, message):
+    kwargs.setdefault("job_id", job_id)
+    with pytest.raises(shmring.InvalidArgumentError, match=message) as info:
+        shmring.Communicator(**kwargs)
+    assert info.value.code == shmring.ErrorCode.INVALID_ARGUMENT
+
+
+def test_properties_and_close(job_id):
+    c = shmring.Communicator(rank=0, size=1, job_id=job_id, timeout=5)
+    assert (c.rank, c.size, c.local_rank, c.local_size) == (0, 1, 0, 1)
+    assert c.config["job_id"] == job_id and c.config["timeout_s"] == 5
+    assert job_id in repr(c)
+    before = c.collective_count
+    c.allreduce(np.zeros(2, np.float32))
+    assert c.collective_count == before + 1
+    c.close()
+    assert c.closed and "closed" in repr(c)
+    with pytest.raises(ValueError, match="closed"):
+        c.allreduce(np.zeros(2, np.float32))
+    c.close()  # Idempotent.
+
+
+def test_abort_breaks_the_communicator(comm):
+    comm.abort("stop requested by the test")
+    with pytest.raises(shmring.AbortedError, match="stop requested by the test"):
+        comm.allreduce(np.zeros(2, np.float32))
+
+
+def test_environment_constructor(monkeypatch, job_id):
+    """Communicator() reads shmrun's variables."""
+    monkeypatch.setenv("SHMRING_RANK", "0")
+    monkeypatch.setenv("SHMRING_WORLD_SIZE", "1")
+    monkeypatch.setenv("SHMRING_JOB_ID", job_id)
+    with shmring.Communicator() as c:
+        assert (c.rank, c.size, c.config["job_id"]) == (0, 1, job_id)

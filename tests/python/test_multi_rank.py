@@ -1,0 +1,38 @@
+"""Collectives across real processes, one per rank (rank_worker.py)."""
+
+import pytest
+
+from conftest import assert_all_ok, run_ranks
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_datatype_and_operator(size):
+    """numpy and torch buffers of every datatype (bfloat16, float16 included)
+    and every operator, at edge counts, reduce in place to the right values,
+    bitwise identical on every rank."""
+    assert_all_ok(run_ranks("collectives", size))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_collective_family(size):
+    """reduce_scatter, allgather, broadcast, reduce, barrier, split."""
+    assert_all_ok(run_ranks("family", size))
+
+
+def test_mismatch_is_reported_on_every_rank():
+    assert_all_ok(run_ranks("mismatch", 3))
+
+
+def test_peer_failure():
+    results = run_ranks("peer_failure", 3)
+    assert_all_ok(results)
+
+
+def test_timeout_maps_to_timeout_error():
+    assert_all_ok(run_ranks("timeout", 2, per_rank_env={0: {"WORKER_TIMEOUT": "2"}}))
+
+
+def test_gil_released_during_collective():
+    """A second Python thread runs (and runs a collective on a second
+    communicator) while the first waits inside allreduce."""
+    assert_all_ok(run_ranks("gil", 2, env={"WORKER_TIMEOUT": "10"}))
