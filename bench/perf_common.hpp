@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -703,14 +702,20 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
     const Call call{coll, bytes / unit, ti.dtype, ti.size, op, o.root};
     // Both buffers hold the size column's bytes: out of place uses the part
     // of each the call needs, in place and the floor use all of recv.
+    // Cache-cold mode (-I) rotates through page-aligned buffers carved from
+    // one pool per side that together exceed the caches; one allocation
+    // (not one per buffer, each rounded up to pages) keeps small sizes from
+    // asking for millions of pages.
+    const std::size_t stride = (bytes + 4095) / 4096 * 4096;
     const std::size_t nbuf =
-        o.vary ? std::max<std::size_t>(1, (4 * llc_bytes() + bytes - 1) / bytes) : 1;
-    std::vector<std::unique_ptr<Buffer>> send, recv;
+        o.vary ? std::max<std::size_t>(1, (4 * llc_bytes() + stride - 1) / stride) : 1;
+    Buffer send_pool(nbuf * stride), recv_pool(nbuf * stride);
+    std::vector<void*> send(nbuf), recv(nbuf);
     for (std::size_t k = 0; k < nbuf; ++k) {
-      send.push_back(std::make_unique<Buffer>(bytes));
-      recv.push_back(std::make_unique<Buffer>(bytes));
+      send[k] = at(send_pool.p, k * stride, 1);
+      recv[k] = at(recv_pool.p, k * stride, 1);
       for (std::size_t i = 0; i < bytes / ti.size; ++i)
-        store_value(send[k]->p, i, ti.dtype, pattern(b.rank(), i, ti.dtype, op));
+        store_value(send[k], i, ti.dtype, pattern(b.rank(), i, ti.dtype, op));
     }
     const int iters = std::clamp(static_cast<int>(o.budget_bytes / static_cast<double>(bytes)), 3,
                                  std::max(3, o.iters));
@@ -727,21 +732,21 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
     if (has_oop) {
       fill(row.oop, time_loop(b, row.iters, warmup, [&](int i) {
              auto k = static_cast<std::size_t>(i) % nbuf;
-             invoke(b, call, send[k]->p, recv[k]->p);
+             invoke(b, call, send[k], recv[k]);
            }));
-      if (o.check) row.oop.wrong = check_once(b, call, send[0]->p, recv[0]->p, false);
+      if (o.check) row.oop.wrong = check_once(b, call, send[0], recv[0], false);
     }
     fill(row.ip, time_loop(b, row.iters, warmup, [&](int i) {
            auto k = static_cast<std::size_t>(i) % nbuf;
-           invoke_in_place(b, call, recv[k]->p);
+           invoke_in_place(b, call, recv[k]);
          }));
-    if (o.check) row.ip.wrong = check_once(b, call, send[0]->p, recv[0]->p, true);
+    if (o.check) row.ip.wrong = check_once(b, call, send[0], recv[0], true);
     if (!o.no_floor)
       row.floor_us = time_loop(b, row.iters, warmup, [&](int i) {
         auto k = static_cast<std::size_t>(i) % nbuf;
-        std::memcpy(recv[k]->p, send[k]->p, bytes);
+        std::memcpy(recv[k], send[k], bytes);
         // Keep the copy from being optimised away or reordered past the clock.
-        asm volatile("" : : "r"(recv[k]->p) : "memory");
+        asm volatile("" : : "r"(recv[k]) : "memory");
       });
     wrong_total += row.oop.wrong + row.ip.wrong;
     busbw_sum += has_oop ? (row.oop.busbw + row.ip.busbw) / 2 : row.ip.busbw;
