@@ -2,15 +2,21 @@
 
 // Shared driver of the *_perf benchmarks (shmring and MPI): options in the
 // nccl-tests style, the timing loop, the result check, the "floor" (every
-// rank copying its buffer once, concurrently) and the nccl-tests table, CSV
-// and JSON output.
+// rank copying a buffer of the size column once, concurrently) and the
+// nccl-tests table, CSV and JSON output. One engine (run_perf) runs any of
+// the collectives below with nccl-tests' conventions for the size column and
+// the bus bandwidth.
 //
-// A backend provides the collective and the few helpers the driver needs:
+// A backend provides the collectives it measures and the few helpers the
+// driver needs:
 //   int rank() const; int size() const; const char* name() const;
 //   bool supports(DataType, ReduceOp) const;
 //   void allreduce(const void* send, void* recv, std::size_t count, DataType, ReduceOp);
 //   void barrier();
 //   double max_over_ranks(double); double sum_over_ranks(double);
+// and, for the other collectives, the members of the same name and arguments
+// as shmring::Communicator (reduce_scatter, allgather, broadcast, reduce);
+// run_perf asks for a member only when that collective is run.
 // Only the enums of shmring/types.hpp are used here (header only), so the MPI
 // benchmark does not link shmring.
 
@@ -25,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +38,61 @@
 #include "shmring/types.hpp"
 
 namespace shmring::bench {
+
+enum class Collective { allreduce, reduce_scatter, allgather, broadcast, reduce };
+
+// What the driver needs to know of a collective: its name, whether it takes
+// an operator or a root, whether it has an out-of-place form, and the bus
+// bandwidth factor of nccl-tests (the share of the size column that crosses
+// each rank's link in an optimal algorithm).
+struct CollectiveInfo {
+  const char* name;
+  bool has_op;
+  bool has_root;
+  bool has_out_of_place;
+};
+
+inline constexpr CollectiveInfo info(Collective c) {
+  switch (c) {
+    case Collective::allreduce:
+      return {"allreduce", true, false, true};
+    case Collective::reduce_scatter:
+      return {"reduce_scatter", true, false, true};
+    case Collective::allgather:
+      return {"allgather", false, false, true};
+    case Collective::broadcast:
+      // shmring's broadcast has one buffer: it is always in place.
+      return {"broadcast", false, true, false};
+    case Collective::reduce:
+      return {"reduce", true, true, true};
+  }
+  return {"?", false, false, false};
+}
+
+inline double busbw_factor(Collective c, int n) {
+  if (n <= 1) return 1.0;
+  switch (c) {
+    case Collective::allreduce:
+      return 2.0 * (n - 1) / n;
+    case Collective::reduce_scatter:
+    case Collective::allgather:
+      return static_cast<double>(n - 1) / n;
+    case Collective::broadcast:
+    case Collective::reduce:
+      return 1.0;
+  }
+  return 1.0;
+}
+
+// nccl-tests' size column is the largest buffer of one rank: the gathered
+// recv buffer of allgather, the full send buffer of reduce_scatter, the
+// buffer otherwise. The count column is the count the call takes (per rank
+// for allgather and reduce_scatter), so size = count x element size x the
+// number of blocks below.
+inline std::size_t blocks(Collective c, int n) {
+  return c == Collective::allgather || c == Collective::reduce_scatter ? static_cast<std::size_t>(n)
+                                                                       : 1;
+}
 
 struct PerfOptions {
   std::size_t min_bytes = 8;
@@ -49,6 +109,7 @@ struct PerfOptions {
   bool json = false;
   bool no_floor = false;
   bool in_place_only = false;
+  int root = 0;  // -r: broadcast and reduce
   // Iterations shrink for large sizes so that one size moves about this many
   // bytes per timed phase (at least 3 iterations, at most `iters`).
   double budget_bytes = 2.0 * (1u << 30);
@@ -114,7 +175,8 @@ inline std::size_t parse_bytes(const std::string& s) {
   return static_cast<std::size_t>(v * mul);
 }
 
-inline void add_perf_options(CLI::App& app, PerfOptions& o) {
+inline void add_perf_options(CLI::App& app, PerfOptions& o,
+                             Collective coll = Collective::allreduce) {
   app.add_option_function<std::string>(
          "-b,--minbytes", [&o](const std::string& s) { o.min_bytes = parse_bytes(s); },
          "Smallest size in bytes (8, 64K, 1M, ...)")
@@ -135,7 +197,11 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o) {
   app.add_option("-d,--datatype", o.dtype,
                  "int8, uint8, int32, int64, half, bfloat16, float, double")
       ->capture_default_str();
-  app.add_option("-o,--op", o.op, "sum, prod, min, max, avg")->capture_default_str();
+  if (info(coll).has_op)
+    app.add_option("-o,--op", o.op, "sum, prod, min, max, avg")->capture_default_str();
+  if (info(coll).has_root)
+    app.add_option("-r,--root", o.root, "Root rank (checked against the rank count once known)")
+        ->capture_default_str();
   app.add_option("-c,--check", o.check, "Check the result (0: no, 1: yes)")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -283,6 +349,22 @@ inline double tolerance(DataType t, ReduceOp op) {
   }
 }
 
+// Pattern of the collectives that only move data (allgather, broadcast):
+// no reduction to keep exact, so a wider range, with a rank term that never
+// repeats between two ranks at the same index (31 x dr is not a multiple of
+// 199 for |dr| < 199). Exact in every type, bfloat16 included (|v| < 256).
+inline double move_pattern(int rank, std::size_t i, DataType t) {
+  const auto v = static_cast<long long>((i * 7 + static_cast<std::size_t>(rank) * 31 + 3) % 199);
+  return t == DataType::uint8 ? static_cast<double>(v) : static_cast<double>(v - 99);
+}
+
+// Written into every output before a check, so a collective that leaves its
+// output alone cannot pass on the results of the timed runs. Outside both
+// patterns' ranges (and their sums for fewer than 15 ranks).
+inline double poison(DataType t) {
+  return t == DataType::uint8 ? 255 : 127;
+}
+
 // ---- Buffers ----
 
 struct Buffer {
@@ -301,6 +383,79 @@ struct Buffer {
 inline std::size_t llc_bytes() {
   long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
   return l3 > 0 ? static_cast<std::size_t>(l3) : (32u << 20);
+}
+
+inline std::byte* at(void* base, std::size_t elems, std::size_t elem_size) {
+  return static_cast<std::byte*>(base) + elems * elem_size;
+}
+
+// ---- One call ----
+
+// The arguments of one collective call in the driver's terms: `count` is the
+// count column (per rank for allgather and reduce_scatter).
+struct Call {
+  Collective coll;
+  std::size_t count;
+  DataType dtype;
+  std::size_t elem_size;
+  ReduceOp op;
+  int root;
+};
+
+// Out of place: send -> recv. In place: everything in `buf`, which holds the
+// size column's bytes, with nccl-tests' offsets (allgather sends from
+// buf + rank x count, reduce_scatter receives there; reduce and broadcast
+// use buf for both).
+template <class Backend>
+void invoke(Backend& b, const Call& c, const void* send, void* recv) {
+  auto missing = [&] {
+    throw std::logic_error(fmt::format("backend {} has no {}", b.name(), info(c.coll).name));
+  };
+  switch (c.coll) {
+    case Collective::allreduce:
+      b.allreduce(send, recv, c.count, c.dtype, c.op);
+      return;
+    case Collective::reduce_scatter:
+      if constexpr (requires { b.reduce_scatter(send, recv, c.count, c.dtype, c.op); })
+        b.reduce_scatter(send, recv, c.count, c.dtype, c.op);
+      else
+        missing();
+      return;
+    case Collective::allgather:
+      if constexpr (requires { b.allgather(send, recv, c.count, c.dtype); })
+        b.allgather(send, recv, c.count, c.dtype);
+      else
+        missing();
+      return;
+    case Collective::broadcast:
+      if constexpr (requires { b.broadcast(recv, c.count, c.dtype, c.root); })
+        b.broadcast(recv, c.count, c.dtype, c.root);
+      else
+        missing();
+      return;
+    case Collective::reduce:
+      if constexpr (requires { b.reduce(send, recv, c.count, c.dtype, c.op, c.root); })
+        b.reduce(send, recv, c.count, c.dtype, c.op, c.root);
+      else
+        missing();
+      return;
+  }
+}
+
+template <class Backend>
+void invoke_in_place(Backend& b, const Call& c, void* buf) {
+  const auto mine = static_cast<std::size_t>(b.rank()) * c.count;
+  switch (c.coll) {
+    case Collective::reduce_scatter:
+      invoke(b, c, buf, at(buf, mine, c.elem_size));
+      return;
+    case Collective::allgather:
+      invoke(b, c, at(buf, mine, c.elem_size), buf);
+      return;
+    default:
+      invoke(b, c, buf, buf);
+      return;
+  }
 }
 
 // ---- One row ----
@@ -327,18 +482,65 @@ double time_loop(Backend& b, int iters, int warmup, auto&& body) {
   return b.max_over_ranks(us);
 }
 
+// Runs the collective once on fresh inputs and counts, over all ranks, the
+// output elements that differ from the exact expected value. `send` and
+// `recv` hold the size column's bytes each; in place uses `recv` only.
 template <class Backend>
-long long check_once(Backend& b, void* send, void* recv, std::size_t count, DataType t, ReduceOp op,
-                     bool in_place) {
-  for (std::size_t i = 0; i < count; ++i) store_value(send, i, t, pattern(b.rank(), i, t, op));
-  void* out = in_place ? send : recv;
-  b.allreduce(send, out, count, t, op);
-  const double tol = tolerance(t, op);
+long long check_once(Backend& b, const Call& c, void* send, void* recv, bool in_place) {
+  const int n = b.size(), me = b.rank();
+  const std::size_t count = c.count, mine = static_cast<std::size_t>(me) * count;
+  const DataType t = c.dtype;
+  const double tol = tolerance(t, c.op);
   long long wrong = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    double want = expected_value(b.size(), i, t, op);
+  auto expect = [&](const void* out, std::size_t i, double want) {
     double got = load_value(out, i, t);
     if (!(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)))) ++wrong;
+  };
+  auto fill = [&](void* p, std::size_t from, std::size_t to, auto&& value) {
+    for (std::size_t i = from; i < to; ++i) store_value(p, i, t, value(i));
+  };
+  auto reduced = [&](std::size_t i) { return pattern(me, i, t, c.op); };
+  auto bad = [&](std::size_t) { return poison(t); };
+
+  switch (c.coll) {
+    case Collective::allreduce:
+    case Collective::reduce: {
+      void* in = in_place ? recv : send;
+      fill(in, 0, count, reduced);
+      if (!in_place) fill(recv, 0, count, bad);
+      invoke(b, c, in, recv);
+      if (c.coll == Collective::allreduce || me == c.root)
+        for (std::size_t i = 0; i < count; ++i) expect(recv, i, expected_value(n, i, t, c.op));
+      break;
+    }
+    case Collective::reduce_scatter: {
+      // Element j of every rank's send buffer is pattern(rank, j); rank r
+      // receives block r of the reduction.
+      void* in = in_place ? recv : send;
+      fill(in, 0, count * static_cast<std::size_t>(n), reduced);
+      void* out = in_place ? at(recv, mine, c.elem_size) : recv;
+      if (!in_place) fill(recv, 0, count, bad);
+      invoke(b, c, in, out);
+      for (std::size_t i = 0; i < count; ++i) expect(out, i, expected_value(n, mine + i, t, c.op));
+      break;
+    }
+    case Collective::allgather: {
+      const std::size_t total = count * static_cast<std::size_t>(n);
+      fill(recv, 0, total, bad);
+      void* in = in_place ? at(recv, mine, c.elem_size) : send;
+      fill(in, 0, count, [&](std::size_t i) { return move_pattern(me, i, t); });
+      invoke(b, c, in, recv);
+      for (std::size_t j = 0; j < total; ++j)
+        expect(recv, j, move_pattern(static_cast<int>(j / count), j % count, t));
+      break;
+    }
+    case Collective::broadcast: {
+      // Every rank starts from its own values; all must end with root's.
+      fill(recv, 0, count, [&](std::size_t i) { return move_pattern(me, i, t); });
+      invoke(b, c, recv, recv);
+      for (std::size_t i = 0; i < count; ++i) expect(recv, i, move_pattern(c.root, i, t));
+      break;
+    }
   }
   return static_cast<long long>(b.sum_over_ranks(static_cast<double>(wrong)));
 }
@@ -346,91 +548,150 @@ long long check_once(Backend& b, void* send, void* recv, std::size_t count, Data
 // ---- Output ----
 
 inline double busbw_factor(int n) {
-  return n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  return busbw_factor(Collective::allreduce, n);
 }
 
-inline void print_header(const PerfOptions& o, const char* backend, int nranks, const char* ttype) {
+// allreduce_perf keeps the table, CSV and JSON it always had (bench/compare
+// reads them); the other collectives add nccl-tests' root column (-1 where
+// there is none) and, in CSV and JSON, the collective's name.
+inline void print_header(const PerfOptions& o, const char* backend, int nranks, Collective coll) {
+  const bool extra = coll != Collective::allreduce;
   if (o.csv) {
     fmt::print(
         "backend,nranks,size,count,type,redop,iters,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
-        "ip_time_us,ip_algbw,ip_busbw,ip_wrong,floor_us,floor_ratio\n");
+        "ip_time_us,ip_algbw,ip_busbw,ip_wrong,floor_us,floor_ratio{}\n",
+        extra ? ",collective,root" : "");
     return;
   }
   if (o.json) return;
   fmt::print(
-      "# {} allreduce_perf: {} ranks, minBytes {} maxBytes {} step factor {} iters {} "
-      "warmup {} check {} algorithm {}{}\n",
-      backend, nranks, o.min_bytes, o.max_bytes, o.factor, o.iters, o.warmup, o.check, o.algorithm,
+      "# {} {}_perf: {} ranks, minBytes {} maxBytes {} step factor {} iters {} "
+      "warmup {} check {} algorithm {}{}{}\n",
+      backend, info(coll).name, nranks, o.min_bytes, o.max_bytes, o.factor, o.iters, o.warmup,
+      o.check, o.algorithm, info(coll).has_root ? fmt::format(" root {}", o.root) : "",
       o.vary ? " (cache-cold: -I)" : "");
+  if (extra)
+    fmt::print("# size = {} bytes, count = elements per call{}; busbw = algbw x {}\n",
+               coll == Collective::allgather        ? "recv (ranks x count)"
+               : coll == Collective::reduce_scatter ? "send (ranks x count)"
+                                                    : "buffer",
+               blocks(coll, nranks) > 1 ? " (per rank)" : "",
+               coll == Collective::broadcast || coll == Collective::reduce ? "1" : "(n-1)/n");
   fmt::print(
       "# floor = every rank copies its buffer once, concurrently (memcpy); "
       "floor/ip = floor time / in-place time\n#\n");
-  fmt::print("#{:>43} {:>32} {:>32} {:>18}\n", "", "out-of-place", "in-place", "");
+  const std::string root_h = extra ? fmt::format(" {:>4}", "root") : "";
+  const std::string root_u = extra ? fmt::format(" {:>4}", "") : "";
+  fmt::print("#{:>{}} {:>32} {:>32} {:>18}\n", "", extra ? 48 : 43, "out-of-place", "in-place", "");
   fmt::print(
-      "#{:>11} {:>12} {:>8} {:>6} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
+      "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
       "{:>9} {:>8}\n",
-      "size", "count", "type", "redop", "n", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-      "busbw", "#wrong", "floor", "floor/ip");
+      "size", "count", "type", "redop", root_h, "n", "time", "algbw", "busbw", "#wrong", "time",
+      "algbw", "busbw", "#wrong", "floor", "floor/ip");
   fmt::print(
-      "#{:>11} {:>12} {:>8} {:>6} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
+      "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
       "{:>9} {:>8}\n",
-      "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
-      "", "(us)", "");
-  (void)ttype;
+      "(B)", "(elements)", "", "", root_u, "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+      "(GB/s)", "", "(us)", "");
 }
 
 inline std::string wrong_str(const PerfOptions& o, long long w) {
   return o.check ? fmt::format("{}", w) : std::string("N/A");
 }
 
-inline void print_row(const PerfOptions& o, const char* backend, int nranks, const char* tname,
-                      const char* oname, const Row& r, bool first) {
+struct RowLabels {
+  const char* backend;
+  int nranks;
+  const char* type;
+  const char* op;
+  Collective coll;
+  int root;      // -1: none
+  bool has_oop;  // the collective has an out-of-place form
+};
+
+inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bool first) {
   const double ratio = r.ip.us > 0 && r.floor_us > 0 ? r.floor_us / r.ip.us : 0;
+  const bool extra = l.coll != Collective::allreduce;
   if (o.csv) {
-    fmt::print(
-        "{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f}\n",
-        backend, nranks, r.bytes, r.count, tname, oname, r.iters, r.oop.us, r.oop.algbw,
-        r.oop.busbw, r.oop.wrong, r.ip.us, r.ip.algbw, r.ip.busbw, r.ip.wrong, r.floor_us, ratio);
+    const std::string oop = l.has_oop ? fmt::format("{:.3f},{:.4f},{:.4f},{}", r.oop.us,
+                                                    r.oop.algbw, r.oop.busbw, r.oop.wrong)
+                                      : std::string(",,,");
+    fmt::print("{},{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f}{}\n", l.backend,
+               l.nranks, r.bytes, r.count, l.type, l.op, r.iters, oop, r.ip.us, r.ip.algbw,
+               r.ip.busbw, r.ip.wrong, r.floor_us, ratio,
+               extra ? fmt::format(",{},{}", info(l.coll).name, l.root) : "");
   } else if (o.json) {
+    const std::string oop =
+        l.has_oop ? fmt::format(
+                        "{{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
+                        "\"wrong\": {}}}",
+                        r.oop.us, r.oop.algbw, r.oop.busbw, r.oop.wrong)
+                  : std::string("null");
     fmt::print(
-        "{}\n  {{\"backend\": \"{}\", \"nranks\": {}, \"size\": {}, \"count\": {}, "
-        "\"type\": \"{}\", \"redop\": \"{}\", \"iters\": {}, "
-        "\"out_of_place\": {{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
-        "\"wrong\": {}}}, "
+        "{}\n  {{{}\"backend\": \"{}\", \"nranks\": {}, \"size\": {}, \"count\": {}, "
+        "\"type\": \"{}\", \"redop\": \"{}\", {}\"iters\": {}, "
+        "\"out_of_place\": {}, "
         "\"in_place\": {{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
         "\"wrong\": {}}}, \"floor_us\": {:.3f}, \"floor_ratio\": {:.4f}}}",
-        first ? "[" : ",", backend, nranks, r.bytes, r.count, tname, oname, r.iters, r.oop.us,
-        r.oop.algbw, r.oop.busbw, r.oop.wrong, r.ip.us, r.ip.algbw, r.ip.busbw, r.ip.wrong,
-        r.floor_us, ratio);
+        first ? "[" : ",", extra ? fmt::format("\"collective\": \"{}\", ", info(l.coll).name) : "",
+        l.backend, l.nranks, r.bytes, r.count, l.type, l.op,
+        extra ? fmt::format("\"root\": {}, ", l.root) : "", r.iters, oop, r.ip.us, r.ip.algbw,
+        r.ip.busbw, r.ip.wrong, r.floor_us, ratio);
   } else {
+    const std::string root = extra ? fmt::format(" {:>4}", l.root) : "";
+    const std::string oop = l.has_oop
+                                ? fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>6}", r.oop.us,
+                                              r.oop.algbw, r.oop.busbw, wrong_str(o, r.oop.wrong))
+                                : fmt::format("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-");
     fmt::print(
-        " {:>11} {:>12} {:>8} {:>6} {:>4} {:>9.2f} {:>7.2f} {:>7.2f} {:>6} {:>9.2f} "
+        " {:>11} {:>12} {:>8} {:>6}{} {:>4} {} {:>9.2f} "
         "{:>7.2f} {:>7.2f} {:>6} {:>9.2f} {:>8.2f}\n",
-        r.bytes, r.count, tname, oname, nranks, r.oop.us, r.oop.algbw, r.oop.busbw,
-        wrong_str(o, r.oop.wrong), r.ip.us, r.ip.algbw, r.ip.busbw, wrong_str(o, r.ip.wrong),
-        r.floor_us, ratio);
+        r.bytes, r.count, l.type, l.op, root, l.nranks, oop, r.ip.us, r.ip.algbw, r.ip.busbw,
+        wrong_str(o, r.ip.wrong), r.floor_us, ratio);
   }
   std::fflush(stdout);
 }
 
 // ---- The driver ----
 
+// Runs `coll` over the sizes of `o` and prints one row per size on rank 0.
+// Returns 0 when every checked element was right, 1 otherwise.
 template <class Backend>
-int run_allreduce_perf(Backend& b, const PerfOptions& o) {
+int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
+  const CollectiveInfo ci = info(coll);
   const TypeInfo& ti = parse_type(o.dtype);
-  const ReduceOp op = parse_op(o.op);
+  // Collectives without an operator move data only: any type they support
+  // for a sum is fine.
+  const ReduceOp op = ci.has_op ? parse_op(o.op) : ReduceOp::sum;
   if (!b.supports(ti.dtype, op))
     throw CLI::ValidationError(
-        fmt::format("{} does not support datatype {} with operator {}", b.name(), ti.name, o.op));
-  const bool root = b.rank() == 0;
+        ci.has_op ? fmt::format("{} does not support datatype {} with operator {}", b.name(),
+                                ti.name, o.op)
+                  : fmt::format("{} does not support datatype {}", b.name(), ti.name));
   const int n = b.size();
-  if (root) print_header(o, b.name(), n, ti.name);
+  if (ci.has_root && (o.root < 0 || o.root >= n))
+    throw CLI::ValidationError(
+        "-r", fmt::format("root {}: expected a rank in [0, {}) for {} ranks", o.root, n, n));
+  const bool has_oop = ci.has_out_of_place && !o.in_place_only;
+  const bool printer = b.rank() == 0;
+  if (printer) print_header(o, b.name(), n, coll);
+  // --in-place-only prints zeros in the out-of-place columns (as it always
+  // did); a collective without an out-of-place form prints none.
+  const RowLabels labels{b.name(),
+                         n,
+                         ti.name,
+                         ci.has_op ? op_name(op) : "none",
+                         coll,
+                         ci.has_root ? o.root : -1,
+                         ci.has_out_of_place};
 
-  // Sizes: a multiple of the element size (at least one element).
+  // Sizes: the size column for a count of at least one element (per rank
+  // for the collectives with ranks x count buffers).
+  const std::size_t unit = ti.size * blocks(coll, n);
   std::vector<std::size_t> sizes;
   for (double s = static_cast<double>(o.min_bytes);
        s <= static_cast<double>(o.max_bytes) * 1.0000001; s *= o.factor) {
-    std::size_t bytes = std::max(ti.size, static_cast<std::size_t>(s) / ti.size * ti.size);
+    std::size_t bytes = std::max(unit, static_cast<std::size_t>(s) / unit * unit);
     if (sizes.empty() || sizes.back() != bytes) sizes.push_back(bytes);
   }
 
@@ -438,55 +699,61 @@ int run_allreduce_perf(Backend& b, const PerfOptions& o) {
   long long wrong_total = 0;
   bool first = true;
   for (std::size_t bytes : sizes) {
-    const std::size_t count = bytes / ti.size;
-    // Cache-cold mode: enough buffers that each is evicted before it comes back.
+    const Call call{coll, bytes / unit, ti.dtype, ti.size, op, o.root};
+    // Both buffers hold the size column's bytes: out of place uses the part
+    // of each the call needs, in place and the floor use all of recv.
+    // Cache-cold mode (-I) rotates through page-aligned buffers carved from
+    // one pool per side that together exceed the caches; one allocation
+    // (not one per buffer, each rounded up to pages) keeps small sizes from
+    // asking for millions of pages.
+    const std::size_t stride = (bytes + 4095) / 4096 * 4096;
     const std::size_t nbuf =
-        o.vary ? std::max<std::size_t>(1, (4 * llc_bytes() + bytes - 1) / bytes) : 1;
-    std::vector<std::unique_ptr<Buffer>> send, recv;
+        o.vary ? std::max<std::size_t>(1, (4 * llc_bytes() + stride - 1) / stride) : 1;
+    Buffer send_pool(nbuf * stride), recv_pool(nbuf * stride);
+    std::vector<void*> send(nbuf), recv(nbuf);
     for (std::size_t k = 0; k < nbuf; ++k) {
-      send.push_back(std::make_unique<Buffer>(bytes));
-      recv.push_back(std::make_unique<Buffer>(bytes));
-      for (std::size_t i = 0; i < count; ++i)
-        store_value(send[k]->p, i, ti.dtype, pattern(b.rank(), i, ti.dtype, op));
+      send[k] = at(send_pool.p, k * stride, 1);
+      recv[k] = at(recv_pool.p, k * stride, 1);
+      for (std::size_t i = 0; i < bytes / ti.size; ++i)
+        store_value(send[k], i, ti.dtype, pattern(b.rank(), i, ti.dtype, op));
     }
     const int iters = std::clamp(static_cast<int>(o.budget_bytes / static_cast<double>(bytes)), 3,
                                  std::max(3, o.iters));
     const int warmup = std::min(o.warmup, std::max(1, iters / 4));
     Row row;
     row.bytes = bytes;
-    row.count = count;
+    row.count = call.count;
     row.iters = std::min(iters, o.iters);
     auto fill = [&](Timing& t, double us) {
       t.us = us;
       t.algbw = static_cast<double>(bytes) / us / 1e3;
-      t.busbw = t.algbw * busbw_factor(n);
+      t.busbw = t.algbw * busbw_factor(coll, n);
     };
-    if (!o.in_place_only) {
+    if (has_oop) {
       fill(row.oop, time_loop(b, row.iters, warmup, [&](int i) {
              auto k = static_cast<std::size_t>(i) % nbuf;
-             b.allreduce(send[k]->p, recv[k]->p, count, ti.dtype, op);
+             invoke(b, call, send[k], recv[k]);
            }));
-      if (o.check)
-        row.oop.wrong = check_once(b, send[0]->p, recv[0]->p, count, ti.dtype, op, false);
+      if (o.check) row.oop.wrong = check_once(b, call, send[0], recv[0], false);
     }
     fill(row.ip, time_loop(b, row.iters, warmup, [&](int i) {
            auto k = static_cast<std::size_t>(i) % nbuf;
-           b.allreduce(recv[k]->p, recv[k]->p, count, ti.dtype, op);
+           invoke_in_place(b, call, recv[k]);
          }));
-    if (o.check) row.ip.wrong = check_once(b, recv[0]->p, nullptr, count, ti.dtype, op, true);
+    if (o.check) row.ip.wrong = check_once(b, call, send[0], recv[0], true);
     if (!o.no_floor)
       row.floor_us = time_loop(b, row.iters, warmup, [&](int i) {
         auto k = static_cast<std::size_t>(i) % nbuf;
-        std::memcpy(recv[k]->p, send[k]->p, bytes);
+        std::memcpy(recv[k], send[k], bytes);
         // Keep the copy from being optimised away or reordered past the clock.
-        asm volatile("" : : "r"(recv[k]->p) : "memory");
+        asm volatile("" : : "r"(recv[k]) : "memory");
       });
     wrong_total += row.oop.wrong + row.ip.wrong;
-    busbw_sum += o.in_place_only ? row.ip.busbw : (row.oop.busbw + row.ip.busbw) / 2;
-    if (root) print_row(o, b.name(), n, ti.name, op_name(op), row, first);
+    busbw_sum += has_oop ? (row.oop.busbw + row.ip.busbw) / 2 : row.ip.busbw;
+    if (printer) print_row(o, labels, row, first);
     first = false;
   }
-  if (root) {
+  if (printer) {
     if (o.json) {
       fmt::print("{}\n", first ? "[]" : "\n]");
     } else if (!o.csv) {
@@ -496,6 +763,11 @@ int run_allreduce_perf(Backend& b, const PerfOptions& o) {
     }
   }
   return wrong_total == 0 ? 0 : 1;
+}
+
+template <class Backend>
+int run_allreduce_perf(Backend& b, const PerfOptions& o) {
+  return run_perf(b, o, Collective::allreduce);
 }
 
 }  // namespace shmring::bench

@@ -1,0 +1,13 @@
+// allgather_perf: the nccl-tests allgather table for shmring, plus the "floor" (every
+// rank copying a buffer of the size column once, concurrently).
+//
+//   build/tools/shmrun -n 2 -- build/bench/allgather_perf -b 8 -e 128M -f 4
+//
+// Size = every rank's recv buffer (ranks x count), count = elements each rank
+// sends; busbw = algbw x (n-1)/n. In place: send = recv + rank x count.
+
+#include "shmring_perf.hpp"
+
+int main(int argc, char** argv) {
+  return shmring::bench::shmring_perf_main(argc, argv, shmring::bench::Collective::allgather);
+}
