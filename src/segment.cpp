@@ -149,13 +149,19 @@ T read_field(const std::byte* base, std::size_t offset) {
   return v;
 }
 
-// Ownership rules for a file of our name: ours (effective uid) and closed to
-// everybody else. Root's shm_open would open anyone's file, so it is checked
+// Ownership rule for a file of our name: ours (effective uid). Root's shm_open would open anyone's file, so it is checked
 // explicitly rather than left to the permission bits.
 std::string owner_problem(const struct stat& st) {
   if (!S_ISREG(st.st_mode)) return "it is not a regular file";
   if (st.st_uid != geteuid())
     return fmt::format("it belongs to uid {}, not to this process's uid {}", st.st_uid, geteuid());
+  return {};
+}
+
+// A live segment must also be closed to other users (rank 0 makes it 0600).
+std::string mode_problem(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return fmt::format("fstat failed: {}", std::strerror(errno));
   if ((st.st_mode & 077) != 0)
     return fmt::format("its mode is {:o}, expected 600", st.st_mode & 0777);
   return {};
@@ -359,8 +365,9 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         if (lock_held(ofd, 0))
           throw InvalidArgumentError(fmt::format(
               "rank 0: shared memory segment '{}' already exists and its creator (pid {}) is "
-              "alive: another job is using job id '{}'; choose a different SHMRING_JOB_ID",
-              req.name, creator_pid_of(old, ofd), req.name));
+              "alive: another job is using the same job id on this host; choose a different "
+              "SHMRING_JOB_ID",
+              req.name, creator_pid_of(old, ofd)));
         SHMRING_LOG(warn, "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
                     req.name, creator_pid_of(old, ofd));
         unlink_if_same(req.name, ofd);
@@ -517,6 +524,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       if (Clock::now() >= req.deadline) throw timed_out("the header");
       sleep_backoff(it);
     }
+    if (auto why = mode_problem(fd); !why.empty()) throw not_ours(why);
     const bool ours = h->magic == kMagic && h->layout_version == kLayoutVersion;
     if (ours && h->status.load(std::memory_order_acquire) == kStatusFailed) {
       h->attached.fetch_add(1, std::memory_order_acq_rel);
