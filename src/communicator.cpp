@@ -71,8 +71,9 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
         "rank {}: timed out after {} s waiting for {} of rank {} in {}{} (SHMRING_TIMEOUT sets "
         "the limit)",
         rank, config.timeout_s, what, peer, where,
-        late.empty() ? "" : fmt::format("; rank(s) {} never started collective #{}", late,
-                                        collectives))));
+        late.empty()
+            ? ""
+            : fmt::format("; rank(s) {} never started collective #{}", late, collectives))));
   }
 }
 

@@ -149,8 +149,8 @@ T read_field(const std::byte* base, std::size_t offset) {
   return v;
 }
 
-// Ownership rule for a file of our name: ours (effective uid). Root's shm_open would open anyone's file, so it is checked
-// explicitly rather than left to the permission bits.
+// Ownership rule for a file of our name: ours (effective uid). Root's shm_open would open anyone's
+// file, so it is checked explicitly rather than left to the permission bits.
 std::string owner_problem(const struct stat& st) {
   if (!S_ISREG(st.st_mode)) return "it is not a regular file";
   if (st.st_uid != geteuid())
@@ -190,7 +190,8 @@ std::string fd_problem(int fd) {
 // survive. (A narrow race remains between the two stats and the unlink; every
 // caller only gets here for a segment whose creator is dead.)
 bool unlink_if_same(const std::string& name, int fd) {
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   if (fstat(fd, &a) != 0 || lstat(shm_path(name).c_str(), &b) != 0) return false;
   if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) return false;
   return shm_unlink(name.c_str()) == 0;
@@ -236,95 +237,6 @@ void record_abort(Header& h, ErrorCode code, int rank, const std::string& msg) {
 
 }  // namespace
 
-HeaderCheck validate_header(const void* header_bytes, std::size_t header_size,
-                            std::uint64_t file_size, int world_size, std::uint64_t host_hash) {
-  HeaderCheck c;
-  constexpr std::size_t kPlainBytes = offsetof(Header, status);
-  if (header_bytes == nullptr || header_size < kPlainBytes) {
-    c.error = fmt::format("its header is {} bytes long, expected at least {}", header_size,
-                          kPlainBytes);
-    return c;
-  }
-  if (world_size < 1 || world_size > 65536) {
-    c.error = fmt::format("world size {} is out of range", world_size);
-    return c;
-  }
-  // Each field is copied out once and only the copies are used: the bytes may
-  // change under us, and no later access may depend on a value read twice.
-  const auto* b = static_cast<const std::byte*>(header_bytes);
-#define SHMRING_FIELD(f) read_field<decltype(Header::f)>(b, offsetof(Header, f))
-  const auto magic = SHMRING_FIELD(magic);
-  const auto version = SHMRING_FIELD(layout_version);
-  const auto h_world = SHMRING_FIELD(world_size);
-  const auto slots = SHMRING_FIELD(slots);
-  const auto slot_bytes = SHMRING_FIELD(slot_bytes);
-  const auto total = SHMRING_FIELD(total_bytes);
-  const auto rank_area_offset = SHMRING_FIELD(rank_area_offset);
-  const auto slot_offset = SHMRING_FIELD(slot_offset);
-  const auto h_host = SHMRING_FIELD(host_hash);
-  const auto pid = SHMRING_FIELD(creator_pid);
-#undef SHMRING_FIELD
-  if (magic != kMagic) {
-    c.error = fmt::format("it is not a shmring segment (magic {:#018x}, expected {:#018x})", magic,
-                          kMagic);
-    return c;
-  }
-  if (version != kLayoutVersion) {
-    c.error = fmt::format(
-        "its layout version is {} but this library uses version {} (mixed shmring builds?)",
-        version, kLayoutVersion);
-    return c;
-  }
-  if (h_world != static_cast<std::uint32_t>(world_size)) {
-    c.error = fmt::format("its world size is {} but this rank has world size {}", h_world,
-                          world_size);
-    return c;
-  }
-  if (h_host != host_hash) {
-    c.error = fmt::format("it was made on another host (identity {:016x}, ours {:016x})", h_host,
-                          host_hash);
-    return c;
-  }
-  if (slots < kMinSlots || slots > kMaxSlots) {
-    c.error = fmt::format("its slot count {} is outside [{}, {}]", slots, kMinSlots, kMaxSlots);
-    return c;
-  }
-  if (slot_bytes < kMinSlotBytes || slot_bytes > kMaxSlotBytes || slot_bytes % kPage != 0) {
-    c.error = fmt::format("its slot size {} bytes is not a multiple of {} in [{}, {}]", slot_bytes,
-                          kPage, kMinSlotBytes, kMaxSlotBytes);
-    return c;
-  }
-  auto l = compute_layout(static_cast<std::uint64_t>(world_size), slots, slot_bytes);
-  if (!l) {
-    c.error = fmt::format("{} ranks x {} slots x {} bytes overflows", world_size, slots,
-                          slot_bytes);
-    return c;
-  }
-  if (l->rank_area_offset != rank_area_offset || l->slot_offset != slot_offset ||
-      l->total_bytes != total) {
-    c.error = fmt::format(
-        "its offsets disagree with its settings: rank areas at {}, slots at {}, {} bytes in all; "
-        "expected {}, {}, {}",
-        rank_area_offset, slot_offset, total, l->rank_area_offset, l->slot_offset,
-        l->total_bytes);
-    return c;
-  }
-  if (file_size != l->total_bytes) {
-    c.error = fmt::format("the file has {} bytes but its layout needs {}", file_size,
-                          l->total_bytes);
-    return c;
-  }
-  if (pid <= 0) {
-    c.error = fmt::format("its creator pid {} is not a process id", pid);
-    return c;
-  }
-  c.slots = slots;
-  c.slot_bytes = slot_bytes;
-  c.layout = *l;
-  c.creator_pid = pid;
-  return c;
-}
-
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes);
   if (!layout)
@@ -368,15 +280,16 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
               "alive: another job is using the same job id on this host; choose a different "
               "SHMRING_JOB_ID",
               req.name, creator_pid_of(old, ofd)));
-        SHMRING_LOG(warn, "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
+        SHMRING_LOG(warn,
+                    "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
                     req.name, creator_pid_of(old, ofd));
         unlink_if_same(req.name, ofd);
       } catch (const bip::interprocess_exception& e) {
         // Vanished meanwhile: retry the create. Anything else is an error.
         if (e.get_error_code() != bip::not_found_error)
-          throw SystemError(fmt::format("rank 0: cannot inspect existing segment '{}': {}",
-                                        req.name, e.what()),
-                            e.get_native_error());
+          throw SystemError(
+              fmt::format("rank 0: cannot inspect existing segment '{}': {}", req.name, e.what()),
+              e.get_native_error());
       }
     }
     seg->fd_ = handle_of(m.shm);
@@ -392,7 +305,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     // of the big reservation can still be told to the other ranks through it.
     int err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(kHeaderBytes));
     const bool header_reserved = err == 0;
-    if (header_reserved) err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
+    if (header_reserved)
+      err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
     if (err != 0) {
       std::string reason = fmt::format(
           "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x {} "
@@ -471,8 +385,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     return TimeoutError(fmt::format(
         "rank {}: timed out after {:.1f} s waiting for {} of segment '{}'{} (is rank 0 running "
         "with the same SHMRING_JOB_ID, world size and host? SHMRING_TIMEOUT sets the limit)",
-        req.rank, std::chrono::duration<double>(Clock::now() - began).count(),
-        what, req.name, extra));
+        req.rank, std::chrono::duration<double>(Clock::now() - began).count(), what, req.name,
+        extra));
   };
   auto rank0_died = [&](int pid, int fd) {
     unlink_if_same(req.name, fd);
@@ -530,8 +444,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       h->attached.fetch_add(1, std::memory_order_acq_rel);
       throw_from_header(*h, req.rank);
     }
-    HeaderCheck check = validate_header(h, kHeaderBytes, file_size(fd), req.world_size,
-                                        req.host_hash);
+    HeaderCheck check =
+        validate_header(h, kHeaderBytes, file_size(fd), req.world_size, req.host_hash);
     if (!check) {
       std::string msg =
           fmt::format("rank {}: segment '{}' refused: {}", req.rank, req.name, check.error);
