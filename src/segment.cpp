@@ -515,11 +515,16 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
       for (int r = 0; r < world_size_; ++r)
         if (rank_area(r).info.state.load(std::memory_order_acquire) == kRankAbsent)
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      unlink_name();
-      throw TimeoutError(fmt::format(
+      std::string msg = fmt::format(
           "rank {}: timed out waiting for every rank to attach to segment '{}': {} of {} "
           "attached, missing rank(s) {} (SHMRING_TIMEOUT sets the limit)",
-          rank_, name_, h.attached.load(), world_size_, missing));
+          rank_, name_, h.attached.load(), world_size_, missing);
+      // Recorded, so that the ranks already in hear the same diagnosis rather
+      // than "rank 0 left".
+      raise_abort(*this, world_size_, static_cast<std::uint32_t>(ErrorCode::timeout), rank_, msg);
+      unlink_name();
+      auto a = read_abort(h);
+      throw_error(a ? static_cast<ErrorCode>(a->code) : ErrorCode::timeout, a ? a->reason : msg);
     }
     sleep_backoff(it);
   }
