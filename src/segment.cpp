@@ -310,7 +310,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (err != 0) {
       std::string reason = fmt::format(
           "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x {} "
-          "slots x {} bytes + {} bytes of header) and /dev/shm has {} free ({}); lower "
+          "slots x {} bytes + {} bytes of header and rank areas) and /dev/shm has {} free ({}); "
+          "lower "
           "SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
           req.name, layout->total_bytes, req.world_size, req.slots, req.slot_bytes,
           layout->slot_offset, shm_dir_free(), std::strerror(err));

@@ -170,10 +170,10 @@ TEST_CASE("a live segment with a bad header is refused by the attaching rank") {
         SHMRING_CHILD_CHECK(false, "a bad header must be refused");
       } catch (const InvalidArgumentError& e) {
         std::printf("bad header (variant %d): %s\n", variant, e.what());
-        SHMRING_CHILD_CHECK(std::string(e.what()).find(variant == 0 ? "layout version"
-                                                                    : "offsets disagree") !=
-                                std::string::npos,
-                            "%s", e.what());
+        SHMRING_CHILD_CHECK(
+            std::string(e.what()).find(variant == 0 ? "layout version" : "offsets disagree") !=
+                std::string::npos,
+            "%s", e.what());
       }
     });
     CHECK(status[0] == 0);
