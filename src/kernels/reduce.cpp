@@ -79,11 +79,20 @@ SHMRING_INLINE T vmax(T a, T b) {
 
 template <class T, class F>
 SHMRING_INLINE void loop(void* dst, const void* a, const void* b, std::size_t n, F f) {
-  using U = typename Unaligned<T>::type;
-  auto* d = static_cast<U*>(dst);
-  auto* x = static_cast<const U*>(a);
-  auto* y = static_cast<const U*>(b);
-  for (std::size_t i = 0; i < n; ++i) d[i] = f(static_cast<T>(x[i]), static_cast<T>(y[i]));
+  // memcpy per element, not Unaligned<T>::type: GCC drops the aligned(1)
+  // attribute of a typedef used as a template argument, which made these
+  // loads of misaligned user buffers undefined (UBSan: "load of misaligned
+  // address"). A one-element memcpy is a plain unaligned load, and vectorises.
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    T xv, yv;
+    std::memcpy(&xv, x + i * sizeof(T), sizeof(T));
+    std::memcpy(&yv, y + i * sizeof(T), sizeof(T));
+    const T r = f(xv, yv);
+    std::memcpy(d + i * sizeof(T), &r, sizeof(T));
+  }
 }
 
 using Kernel = void (*)(void*, const void*, const void*, std::size_t, int);
