@@ -159,13 +159,22 @@ SHMRING_INLINE std::uint16_t bf16_store(float f) {
   std::uint32_t nan = (u >> 16) | 0x40u;
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+// 16-bit elements of user buffers may sit at any byte offset: memcpy loads.
+SHMRING_INLINE std::uint16_t load_u16(const unsigned char* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+SHMRING_INLINE void store_u16(unsigned char* p, std::uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
 SHMRING_CLONES void widen_bf16(float* out, const void* in, std::size_t n) {
-  auto* p = static_cast<const Unaligned<std::uint16_t>::type*>(in);
-  for (std::size_t i = 0; i < n; ++i) out[i] = bf16_load(p[i]);
+  auto* p = static_cast<const unsigned char*>(in);
+  for (std::size_t i = 0; i < n; ++i) out[i] = bf16_load(load_u16(p + 2 * i));
 }
 SHMRING_CLONES void narrow_bf16(void* out, const float* in, std::size_t n) {
-  auto* p = static_cast<Unaligned<std::uint16_t>::type*>(out);
-  for (std::size_t i = 0; i < n; ++i) p[i] = bf16_store(in[i]);
+  auto* p = static_cast<unsigned char*>(out);
+  for (std::size_t i = 0; i < n; ++i) store_u16(p + 2 * i, bf16_store(in[i]));
 }
 
 // ---- float16: F16C where the CPU has it, exact software conversion elsewhere. ----
@@ -245,12 +254,12 @@ __attribute__((target("avx2,f16c"))) void narrow_f16_f16c(void* out, const float
 }
 #endif
 void widen_f16_soft(float* out, const void* in, std::size_t n) {
-  auto* p = static_cast<const Unaligned<std::uint16_t>::type*>(in);
-  for (std::size_t i = 0; i < n; ++i) out[i] = soft_half_to_float(p[i]);
+  auto* p = static_cast<const unsigned char*>(in);
+  for (std::size_t i = 0; i < n; ++i) out[i] = soft_half_to_float(load_u16(p + 2 * i));
 }
 void narrow_f16_soft(void* out, const float* in, std::size_t n) {
-  auto* p = static_cast<Unaligned<std::uint16_t>::type*>(out);
-  for (std::size_t i = 0; i < n; ++i) p[i] = soft_float_to_half(in[i]);
+  auto* p = static_cast<unsigned char*>(out);
+  for (std::size_t i = 0; i < n; ++i) store_u16(p + 2 * i, soft_float_to_half(in[i]));
 }
 
 using Widen = void (*)(float*, const void*, std::size_t);
