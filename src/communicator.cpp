@@ -72,10 +72,19 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
                     what, where)));
   }
   if (Clock::now() >= deadline) {
+    // Whoever times out first speaks for the job: name the ranks that never
+    // started this collective, the usual culprits, not just our neighbour.
+    std::string late;
+    for (int r = 0; r < size; ++r)
+      if (area(r).announced.value.load(std::memory_order_acquire) < collectives + 1)
+        late += fmt::format("{}{}", late.empty() ? "" : ", ", r);
     fail(TimeoutError(fmt::format(
-        "rank {}: timed out after {} s waiting for {} of rank {} in {} (SHMRING_TIMEOUT sets "
+        "rank {}: timed out after {} s waiting for {} of rank {} in {}{} (SHMRING_TIMEOUT sets "
         "the limit)",
-        rank, config.timeout_s, what, peer, where)));
+        rank, config.timeout_s, what, peer, where,
+        late.empty()
+            ? ""
+            : fmt::format("; rank(s) {} never started collective #{}", late, collectives))));
   }
 }
 

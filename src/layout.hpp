@@ -102,6 +102,9 @@ struct alignas(kLine) Header {
   std::uint64_t host_hash;
   std::int32_t creator_pid;
   std::uint32_t reserved;
+  // CLOCK_REALTIME_COARSE when rank 0 created the file, in ns; informative
+  // (the attach path uses the file's ctime, which exists before the header).
+  std::uint64_t created_ns;
   alignas(kLine) std::atomic<std::uint32_t> status;
   std::atomic<std::uint32_t> attached;  // futex word: ranks registered so far
   std::atomic<std::uint32_t> attach_gen;
@@ -160,5 +163,8 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words must be 32-b
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
 static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == 64);
 static_assert(sizeof(RankArea) % kLine == 0);
+// The write-once part of the header fits its first line; validate_header()
+// reads exactly these bytes.
+static_assert(offsetof(Header, status) == kLine);
 
 }  // namespace shmring::detail

@@ -10,7 +10,10 @@
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <ctime>
+#include <optional>
 #include <thread>
 
 #include "config.hpp"
@@ -137,6 +140,103 @@ bool Segment::rank_alive(int r) const {
   return lock_held(fd_, r);
 }
 
+namespace {
+
+template <class T>
+T read_field(const std::byte* base, std::size_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof v);
+  return v;
+}
+
+// Ownership rule for a file of our name: ours (effective uid). Root's shm_open would open anyone's
+// file, so it is checked explicitly rather than left to the permission bits.
+std::string owner_problem(const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) return "it is not a regular file";
+  if (st.st_uid != geteuid())
+    return fmt::format("it belongs to uid {}, not to this process's uid {}", st.st_uid, geteuid());
+  return {};
+}
+
+// A live segment must also be closed to other users (rank 0 makes it 0600).
+std::string mode_problem(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return fmt::format("fstat failed: {}", std::strerror(errno));
+  if ((st.st_mode & 077) != 0)
+    return fmt::format("its mode is {:o}, expected 600", st.st_mode & 0777);
+  return {};
+}
+
+std::string shm_path(const std::string& name) {
+  return "/dev/shm/" + name;
+}
+
+// Before opening: refuse a file of our name that is not ours.
+std::string path_problem(const std::string& name) {
+  struct stat st {};
+  if (lstat(shm_path(name).c_str(), &st) != 0) return {};  // absent: nothing to refuse yet
+  return owner_problem(st);
+}
+
+// After opening (the name may have been replaced between lstat and open).
+std::string fd_problem(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return fmt::format("fstat failed: {}", std::strerror(errno));
+  return owner_problem(st);
+}
+
+// Removes `name` only while it still names the file open on `fd`: another
+// process may have replaced a stale segment meanwhile, and its fresh one must
+// survive. (A narrow race remains between the two stats and the unlink; every
+// caller only gets here for a segment whose creator is dead.)
+bool unlink_if_same(const std::string& name, int fd) {
+  struct stat a {
+  }, b{};
+  if (fstat(fd, &a) != 0 || lstat(shm_path(name).c_str(), &b) != 0) return false;
+  if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) return false;
+  return shm_unlink(name.c_str()) == 0;
+}
+
+std::int64_t coarse_realtime_ns() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// ctime of the file: set when it was created, truncated or reserved, all of
+// which only its creator does.
+std::int64_t ctime_ns(int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return 0;
+  return std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec;
+}
+
+int creator_pid_of(const bip::shared_memory_object& shm, int fd) {
+  if (file_size(fd) < kHeaderBytes) return 0;
+  try {
+    bip::mapped_region hr(shm, bip::read_only, 0, kHeaderBytes);
+    return read_field<std::int32_t>(static_cast<const std::byte*>(hr.get_address()),
+                                    offsetof(Header, creator_pid));
+  } catch (const bip::interprocess_exception&) {
+    return 0;
+  }
+}
+
+// Writes `msg` as the job's abort reason if none is recorded yet, so that the
+// ranks already attached fail now rather than at their timeout. Only for a
+// header whose magic and version we checked (the abort fields' offsets).
+void record_abort(Header& h, ErrorCode code, int rank, const std::string& msg) {
+  std::uint32_t expected = kAbortNone;
+  if (!h.abort_code.compare_exchange_strong(expected, kAbortClaimed)) return;
+  std::size_t n = std::min(msg.size(), kReasonBytes - 1);
+  std::memcpy(h.abort_reason, msg.data(), n);
+  h.abort_reason[n] = '\0';
+  h.abort_rank.store(rank);
+  h.abort_code.store(static_cast<std::uint32_t>(code), std::memory_order_release);
+}
+
+}  // namespace
+
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
   if (!layout)
@@ -148,10 +248,17 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   seg->world_size_ = req.world_size;
   seg->map_ = std::make_unique<Mapping>();
   auto& m = *seg->map_;
+  auto not_ours = [&](const std::string& why) {
+    return InvalidArgumentError(fmt::format(
+        "rank {}: shared memory segment '{}' exists but is not this job's to use: {}; refusing to "
+        "open or remove it (choose a different SHMRING_JOB_ID, or remove it as its owner)",
+        req.rank, req.name, why));
+  };
 
   if (req.rank == 0) {
     // ---- Create, exclusively, mode 0600. ----
     for (int attempt = 0;; ++attempt) {
+      if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
       try {
         m.shm = bip::shared_memory_object(bip::create_only, req.name.c_str(), bip::read_write,
                                           bip::permissions(0600));
@@ -164,46 +271,52 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       }
       // The name exists: a stale segment of a dead job, or a live collision.
       try {
-        bip::shared_memory_object old(bip::open_only, req.name.c_str(), bip::read_write);
+        bip::shared_memory_object old(bip::open_only, req.name.c_str(), bip::read_only);
         int ofd = handle_of(old);
-        if (lock_held(ofd, 0)) {
-          int pid = 0;
-          if (file_size(ofd) >= kHeaderBytes) {
-            bip::mapped_region hr(old, bip::read_only, 0, kHeaderBytes);
-            pid = static_cast<const Header*>(hr.get_address())->creator_pid;
-          }
+        if (auto why = fd_problem(ofd); !why.empty()) throw not_ours(why);
+        if (lock_held(ofd, 0))
           throw InvalidArgumentError(fmt::format(
               "rank 0: shared memory segment '{}' already exists and its creator (pid {}) is "
-              "alive: another job is using job id '{}'; choose a different SHMRING_JOB_ID",
-              req.name, pid, req.name));
-        }
-      } catch (const bip::interprocess_exception&) {
-        // Vanished meanwhile, or not ours to open: retry the create.
+              "alive: another job is using the same job id on this host; choose a different "
+              "SHMRING_JOB_ID",
+              req.name, creator_pid_of(old, ofd)));
+        SHMRING_LOG(warn,
+                    "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
+                    req.name, creator_pid_of(old, ofd));
+        unlink_if_same(req.name, ofd);
+      } catch (const bip::interprocess_exception& e) {
+        // Vanished meanwhile: retry the create. Anything else is an error.
+        if (e.get_error_code() != bip::not_found_error)
+          throw SystemError(
+              fmt::format("rank 0: cannot inspect existing segment '{}': {}", req.name, e.what()),
+              e.get_native_error());
       }
-      SHMRING_LOG(warn, "removing stale shared memory segment '{}' (its creator is dead)",
-                  req.name);
-      bip::shared_memory_object::remove(req.name.c_str());
     }
     seg->fd_ = handle_of(m.shm);
     fcntl(seg->fd_, F_SETFD, FD_CLOEXEC);
     if (!try_lock_rank(seg->fd_, 0)) {
       int e = errno;
-      bip::shared_memory_object::remove(req.name.c_str());
+      unlink_if_same(req.name, seg->fd_);
       throw SystemError(
           fmt::format("rank 0: cannot lock segment '{}': {}", req.name, std::strerror(e)), e);
     }
     // Reserve every page now: a full /dev/shm must be an error here, not a
-    // SIGBUS on first touch later.
-    int err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
+    // SIGBUS on first touch later. The header page first, so that a failure
+    // of the big reservation can still be told to the other ranks through it.
+    int err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(kHeaderBytes));
+    const bool header_reserved = err == 0;
+    if (header_reserved)
+      err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
     if (err != 0) {
       std::string reason = fmt::format(
           "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x ({} "
-          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header) and /dev/shm has {} "
+          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header and rank areas) and "
+          "/dev/shm has {} "
           "free ({}); lower SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
           req.name, layout->total_bytes, req.world_size, req.slots, req.slot_bytes,
           req.direct_bytes, layout->slot_offset, shm_dir_free(), std::strerror(err));
       // Tell the other ranks through a header-only segment, then remove it.
-      if (req.world_size > 1 && ftruncate(seg->fd_, kHeaderBytes) == 0) {
+      if (req.world_size > 1 && header_reserved && file_size(seg->fd_) >= kHeaderBytes) {
         try {
           bip::mapped_region hr(m.shm, bip::read_write, 0, kHeaderBytes);
           auto* h = static_cast<Header*>(hr.get_address());
@@ -211,11 +324,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
           h->layout_version = kLayoutVersion;
           h->world_size = static_cast<std::uint32_t>(req.world_size);
           h->creator_pid = getpid();
-          std::size_t n = std::min(reason.size(), kReasonBytes - 1);
-          std::memcpy(h->abort_reason, reason.data(), n);
-          h->abort_rank.store(0);
-          h->abort_code.store(static_cast<std::uint32_t>(ErrorCode::out_of_shared_memory),
-                              std::memory_order_release);
+          record_abort(*h, ErrorCode::out_of_shared_memory, 0, reason);
           h->attached.store(1, std::memory_order_relaxed);
           h->status.store(kStatusFailed, std::memory_order_release);
           int it = 0;
@@ -226,7 +335,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         } catch (const bip::interprocess_exception&) {
         }
       }
-      bip::shared_memory_object::remove(req.name.c_str());
+      unlink_if_same(req.name, seg->fd_);
       throw OutOfSharedMemoryError(reason, err);
     }
     m.region =
@@ -253,6 +362,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                         static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
     h.host_hash = req.host_hash;
     h.creator_pid = getpid();
+    h.created_ns = static_cast<std::uint64_t>(coarse_realtime_ns());
     RankArea& me = seg->rank_area(0);
     me.info.pid.store(getpid(), std::memory_order_relaxed);
     me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
@@ -264,91 +374,95 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   }
 
   // ---- Ranks 1..N-1: open, validate, register. ----
+  // A file of our name without its creator's lock is stale: left by an
+  // earlier job (a new rank 0 will replace it) or by this job's rank 0, dead
+  // during startup. It is the latter for sure when the file changed after we
+  // began looking (ctime, coarse clock, strict comparison) and has a size
+  // (rank 0 locks before it reserves, so a sized file had a live creator), or
+  // when we saw its creator alive before: then fail now and remove it, rather
+  // than wait for the timeout and leave it behind. An empty unlocked file may
+  // be a rank 0 between create and lock: only the deadline settles that.
+  const std::int64_t began_ns = coarse_realtime_ns();
+  const auto began = Clock::now();
   int it = 0;
-  auto timed_out = [&](const std::string& what) {
+  auto timed_out = [&](const std::string& what, const std::string& extra = {}) {
     return TimeoutError(fmt::format(
-        "rank {}: timed out after waiting for {} of segment '{}' (is rank 0 running with the same "
-        "SHMRING_JOB_ID and world size? SHMRING_TIMEOUT sets the limit)",
-        req.rank, what, req.name));
+        "rank {}: timed out after {:.1f} s waiting for {} of segment '{}'{} (is rank 0 running "
+        "with the same SHMRING_JOB_ID, world size and host? SHMRING_TIMEOUT sets the limit)",
+        req.rank, std::chrono::duration<double>(Clock::now() - began).count(), what, req.name,
+        extra));
+  };
+  auto rank0_died = [&](int pid, int fd) {
+    unlink_if_same(req.name, fd);
+    return PeerFailureError(fmt::format(
+        "rank {}: rank 0 (pid {}) died while creating segment '{}', before every rank attached",
+        req.rank, pid, req.name));
   };
   for (;;) {
-    if (std::chrono::steady_clock::now() >= req.deadline) throw timed_out("the creation");
+    if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
     try {
       m.shm = bip::shared_memory_object(bip::open_only, req.name.c_str(), bip::read_write);
     } catch (const bip::interprocess_exception& e) {
-      if (e.get_error_code() == bip::not_found_error) {
-        sleep_backoff(it);
-        continue;
-      }
-      throw SystemError(fmt::format("rank {}: cannot open shared memory segment '{}': {}", req.rank,
-                                    req.name, e.what()),
-                        e.get_native_error());
+      if (e.get_error_code() != bip::not_found_error)
+        throw SystemError(fmt::format("rank {}: cannot open shared memory segment '{}': {}",
+                                      req.rank, req.name, e.what()),
+                          e.get_native_error());
+      if (Clock::now() >= req.deadline) throw timed_out("the creation");
+      sleep_backoff(it);
+      continue;
     }
     int fd = handle_of(m.shm);
     fcntl(fd, F_SETFD, FD_CLOEXEC);
-    // Size 0: rank 0 is still reserving it. No creator lock: stale, rank 0
-    // will replace it. Either way, look again shortly.
-    if (file_size(fd) < kHeaderBytes || !lock_held(fd, 0)) {
+    if (auto why = fd_problem(fd); !why.empty()) throw not_ours(why);
+    if (!lock_held(fd, 0)) {
+      const int pid = creator_pid_of(m.shm, fd);
+      if (file_size(fd) >= kHeaderBytes && ctime_ns(fd) > began_ns && !lock_held(fd, 0))
+        throw rank0_died(pid, fd);
+      if (Clock::now() >= req.deadline) {
+        bool removed = !lock_held(fd, 0) && unlink_if_same(req.name, fd);
+        throw timed_out("a live rank 0",
+                        fmt::format("; a stale segment of that name (creator pid {}, dead) was "
+                                    "there all along{}",
+                                    pid, removed ? " and has been removed" : ""));
+      }
       m.shm = bip::shared_memory_object();
       sleep_backoff(it);
       continue;
     }
-    bip::mapped_region hr(m.shm, bip::read_write, 0, kHeaderBytes);
-    auto* h = static_cast<Header*>(hr.get_address());
-    while (h->status.load(std::memory_order_acquire) == kStatusInit) {
-      if (std::chrono::steady_clock::now() >= req.deadline) throw timed_out("the header");
+    // The creator is alive: wait for its header, watching its lock.
+    std::optional<bip::mapped_region> hr;
+    Header* h = nullptr;
+    for (;;) {
+      if (!hr && file_size(fd) >= kHeaderBytes) {
+        hr.emplace(m.shm, bip::read_write, 0, kHeaderBytes);
+        h = static_cast<Header*>(hr->get_address());
+      }
+      if (h != nullptr && h->status.load(std::memory_order_acquire) != kStatusInit) break;
+      if (!lock_held(fd, 0)) throw rank0_died(h ? h->creator_pid : 0, fd);
+      if (Clock::now() >= req.deadline) throw timed_out("the header");
       sleep_backoff(it);
     }
-    if (h->magic != kMagic || h->layout_version != kLayoutVersion)
-      throw InvalidArgumentError(fmt::format(
-          "rank {}: segment '{}' is not a shmring segment of layout version {} (magic {:#x}, "
-          "version {})",
-          req.rank, req.name, kLayoutVersion, h->magic, h->layout_version));
-    if (h->status.load(std::memory_order_acquire) == kStatusFailed) {
+    if (auto why = mode_problem(fd); !why.empty()) throw not_ours(why);
+    const bool ours = h->magic == kMagic && h->layout_version == kLayoutVersion;
+    if (ours && h->status.load(std::memory_order_acquire) == kStatusFailed) {
       h->attached.fetch_add(1, std::memory_order_acq_rel);
       throw_from_header(*h, req.rank);
     }
-    auto refuse = [&](const std::string& why) {
-      std::string msg = fmt::format("rank {}: segment '{}' refused: {}", req.rank, req.name, why);
-      // Tell the ranks already attached, so they fail now instead of at the timeout.
-      std::uint32_t expected = kAbortNone;
-      if (h->abort_code.compare_exchange_strong(expected, kAbortClaimed)) {
-        std::size_t n = std::min(msg.size(), kReasonBytes - 1);
-        std::memcpy(h->abort_reason, msg.data(), n);
-        h->abort_reason[n] = '\0';
-        h->abort_rank.store(req.rank);
-        h->abort_code.store(static_cast<std::uint32_t>(ErrorCode::invalid_argument),
-                            std::memory_order_release);
-      }
+    HeaderCheck check =
+        validate_header(h, kHeaderBytes, file_size(fd), req.world_size, req.host_hash);
+    if (!check) {
+      std::string msg =
+          fmt::format("rank {}: segment '{}' refused: {}", req.rank, req.name, check.error);
+      if (ours) record_abort(*h, ErrorCode::invalid_argument, req.rank, msg);
       throw InvalidArgumentError(msg);
-    };
-    if (h->world_size != static_cast<std::uint32_t>(req.world_size))
-      refuse(fmt::format("its world size is {} but this rank has world size {}", h->world_size,
-                         req.world_size));
-    if (h->host_hash != req.host_hash)
-      refuse(fmt::format("it was made on another host (identity {:016x}, ours {:016x})",
-                         h->host_hash, req.host_hash));
-    // Slot settings follow rank 0's; recompute the layout from them and never
-    // use an offset read from shared memory.
-    if (h->slots < 2 || h->slots > kMaxSlots || h->slot_bytes < kPage ||
-        h->slot_bytes > (1u << 30) || h->slot_bytes % kPage != 0 || h->direct_bytes < kPage ||
-        h->direct_bytes > (1u << 26) || h->direct_bytes % kPage != 0)
-      refuse(fmt::format("bad slot settings {} x {} bytes, direct {} bytes", h->slots,
-                         h->slot_bytes, h->direct_bytes));
-    auto l = compute_layout(req.world_size, h->slots, h->slot_bytes, h->direct_bytes);
-    std::uint64_t fsize = file_size(fd);
-    if (!l || l->total_bytes != h->total_bytes || l->slot_offset != h->slot_offset ||
-        l->rank_area_offset != h->rank_area_offset || l->direct_offset != h->direct_offset ||
-        fsize != l->total_bytes)
-      refuse(fmt::format("sizes disagree: header says {} bytes, the file has {}, expected {}",
-                         h->total_bytes, fsize, l ? l->total_bytes : 0));
-    if (h->slots != req.slots || h->slot_bytes != req.slot_bytes)
+    }
+    if (check.slots != req.slots || check.slot_bytes != req.slot_bytes)
       SHMRING_LOG(info, "using rank 0's slots={} slot_bytes={} (this rank asked for {} x {})",
-                  h->slots, h->slot_bytes, req.slots, req.slot_bytes);
-    seg->layout_ = *l;
-    seg->slots_ = h->slots;
-    seg->slot_bytes_ = h->slot_bytes;
-    seg->direct_bytes_ = h->direct_bytes;
+                  check.slots, check.slot_bytes, req.slots, req.slot_bytes);
+    seg->layout_ = check.layout;
+    seg->slots_ = check.slots;
+    seg->slot_bytes_ = check.slot_bytes;
+    seg->direct_bytes_ = check.direct_bytes;
     seg->fd_ = fd;
     break;
   }
@@ -383,22 +497,39 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
       unlink_name();
       throw_error(static_cast<ErrorCode>(a->code), a->reason);
     }
-    if (rank_ != 0 && !rank_alive(0)) {
+    // A rank that registered (its lock taken before its state) and lost its
+    // lock has died or given up: nobody can complete the set any more.
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      RankInfo& info = rank_area(r).info;
+      if (info.state.load(std::memory_order_acquire) == kRankAbsent || rank_alive(r)) continue;
+      if (h.attached.load(std::memory_order_acquire) >= n) break;  // all in after all
+      std::string msg = fmt::format(
+          "rank {}: rank {} (pid {}) {} before every rank attached to segment '{}'", rank_, r,
+          info.pid.load(),
+          info.state.load(std::memory_order_acquire) == kRankFinalized ? "left" : "died", name_);
+      raise_abort(*this, world_size_, static_cast<std::uint32_t>(ErrorCode::peer_failure), rank_,
+                  msg);
       unlink_name();
-      throw PeerFailureError(
-          fmt::format("rank {}: rank 0 (pid {}) exited before every rank attached to segment '{}'",
-                      rank_, h.creator_pid, name_));
+      auto a = read_abort(h);
+      throw_error(a ? static_cast<ErrorCode>(a->code) : ErrorCode::peer_failure,
+                  a ? a->reason : msg);
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       std::string missing;
       for (int r = 0; r < world_size_; ++r)
         if (rank_area(r).info.state.load(std::memory_order_acquire) == kRankAbsent)
           missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      unlink_name();
-      throw TimeoutError(fmt::format(
+      std::string msg = fmt::format(
           "rank {}: timed out waiting for every rank to attach to segment '{}': {} of {} "
           "attached, missing rank(s) {} (SHMRING_TIMEOUT sets the limit)",
-          rank_, name_, h.attached.load(), world_size_, missing));
+          rank_, name_, h.attached.load(), world_size_, missing);
+      // Recorded, so that the ranks already in hear the same diagnosis rather
+      // than "rank 0 left".
+      raise_abort(*this, world_size_, static_cast<std::uint32_t>(ErrorCode::timeout), rank_, msg);
+      unlink_name();
+      auto a = read_abort(h);
+      throw_error(a ? static_cast<ErrorCode>(a->code) : ErrorCode::timeout, a ? a->reason : msg);
     }
     sleep_backoff(it);
   }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "header_check.hpp"
 #include "layout.hpp"
 
 namespace shmring::detail {

@@ -18,24 +18,6 @@ namespace shmring::detail {
 
 namespace {
 
-// Element access through types of alignment 1: any address is valid, and
-// the vectoriser emits unaligned loads and stores.
-template <class T>
-struct Unaligned;
-#define SHMRING_UNALIGNED(T)                    \
-  template <>                                   \
-  struct Unaligned<T> {                         \
-    typedef T type __attribute__((aligned(1))); \
-  }
-SHMRING_UNALIGNED(float);
-SHMRING_UNALIGNED(double);
-SHMRING_UNALIGNED(std::int8_t);
-SHMRING_UNALIGNED(std::uint8_t);
-SHMRING_UNALIGNED(std::int32_t);
-SHMRING_UNALIGNED(std::int64_t);
-SHMRING_UNALIGNED(std::uint16_t);
-#undef SHMRING_UNALIGNED
-
 // Integer arithmetic goes through the unsigned type: wraps, no UB.
 template <class T>
 SHMRING_INLINE T add(T a, T b) {
@@ -79,11 +61,20 @@ SHMRING_INLINE T vmax(T a, T b) {
 
 template <class T, class F>
 SHMRING_INLINE void loop(void* dst, const void* a, const void* b, std::size_t n, F f) {
-  using U = typename Unaligned<T>::type;
-  auto* d = static_cast<U*>(dst);
-  auto* x = static_cast<const U*>(a);
-  auto* y = static_cast<const U*>(b);
-  for (std::size_t i = 0; i < n; ++i) d[i] = f(static_cast<T>(x[i]), static_cast<T>(y[i]));
+  // memcpy per element, not Unaligned<T>::type: GCC drops the aligned(1)
+  // attribute of a typedef used as a template argument, which made these
+  // loads of misaligned user buffers undefined (UBSan: "load of misaligned
+  // address"). A one-element memcpy is a plain unaligned load, and vectorises.
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    T xv, yv;
+    std::memcpy(&xv, x + i * sizeof(T), sizeof(T));
+    std::memcpy(&yv, y + i * sizeof(T), sizeof(T));
+    const T r = f(xv, yv);
+    std::memcpy(d + i * sizeof(T), &r, sizeof(T));
+  }
 }
 
 using Kernel = void (*)(void*, const void*, const void*, std::size_t, int);
@@ -150,16 +141,26 @@ SHMRING_INLINE std::uint16_t bf16_store(float f) {
   std::uint32_t nan = (u >> 16) | 0x40u;
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+// 16-bit elements of user buffers may sit at any byte offset: memcpy loads.
+SHMRING_INLINE std::uint16_t load_u16(const unsigned char* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+SHMRING_INLINE void store_u16(unsigned char* p, std::uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
 // Fused bfloat16 kernels: widen, operate in float32 and round back in one
 // loop, which the vectoriser turns into shifts and blends (measured 1.3-1.5x
 // faster than widening into blocks first; bench/kernel_bench).
 template <class F>
 SHMRING_INLINE void loop_bf16(void* dst, const void* a, const void* b, std::size_t n, F f) {
-  using U = Unaligned<std::uint16_t>::type;
-  auto* d = static_cast<U*>(dst);
-  auto* x = static_cast<const U*>(a);
-  auto* y = static_cast<const U*>(b);
-  for (std::size_t i = 0; i < n; ++i) d[i] = bf16_store(f(bf16_load(x[i]), bf16_load(y[i])));
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < n; ++i)
+    store_u16(d + 2 * i,
+              bf16_store(f(bf16_load(load_u16(x + 2 * i)), bf16_load(load_u16(y + 2 * i)))));
 }
 SHMRING_CLONES void sum_bf16(void* d, const void* a, const void* b, std::size_t n, int) {
   loop_bf16(
@@ -261,12 +262,12 @@ __attribute__((target("avx2,f16c"))) void narrow_f16_f16c(void* out, const float
 }
 #endif
 void widen_f16_soft(float* out, const void* in, std::size_t n) {
-  auto* p = static_cast<const Unaligned<std::uint16_t>::type*>(in);
-  for (std::size_t i = 0; i < n; ++i) out[i] = soft_half_to_float(p[i]);
+  auto* p = static_cast<const unsigned char*>(in);
+  for (std::size_t i = 0; i < n; ++i) out[i] = soft_half_to_float(load_u16(p + 2 * i));
 }
 void narrow_f16_soft(void* out, const float* in, std::size_t n) {
-  auto* p = static_cast<Unaligned<std::uint16_t>::type*>(out);
-  for (std::size_t i = 0; i < n; ++i) p[i] = soft_float_to_half(in[i]);
+  auto* p = static_cast<unsigned char*>(out);
+  for (std::size_t i = 0; i < n; ++i) store_u16(p + 2 * i, soft_float_to_half(in[i]));
 }
 
 using Widen = void (*)(float*, const void*, std::size_t);

@@ -230,7 +230,8 @@ void run_matrix(int n, std::vector<std::size_t> counts) {
 std::vector<std::size_t> counts_for(int n, bool big) {
   auto N = static_cast<std::size_t>(n);
   std::vector<std::size_t> c = {0, 1, N - 1, N + 1, 2 * N - 1, 1009};
-  if (big) c.push_back((1u << 20) + 3);
+  // SHMRING_TEST_QUICK=1 (sanitizer runs) drops the 2^20+3 count.
+  if (big && std::getenv("SHMRING_TEST_QUICK") == nullptr) c.push_back((1u << 20) + 3);
   return c;
 }
 

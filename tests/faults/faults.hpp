@@ -1,0 +1,94 @@
+#pragma once
+
+// Helpers for the fault tests: a shared anonymous page where ranks record when
+// a fault happened and when they noticed it, and checks for leftovers.
+
+#include <dirent.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+namespace shmring::test {
+
+inline std::int64_t mono_ns() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+/// What the ranks of one faulty job tell the parent (MAP_SHARED, so it
+/// survives fork and is seen by every process).
+struct FaultBoard {
+  static constexpr int kMaxRanks = 8;
+  std::atomic<std::int64_t> fault_ns;  // when the fault was injected (0 = not yet)
+  std::atomic<std::int64_t> noticed_ns[kMaxRanks];
+  char message[kMaxRanks][1024];
+
+  static FaultBoard* create() {
+    void* p = mmap(nullptr, sizeof(FaultBoard), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    std::memset(p, 0, sizeof(FaultBoard));
+    return static_cast<FaultBoard*>(p);
+  }
+  static void destroy(FaultBoard* b) { munmap(b, sizeof(FaultBoard)); }
+
+  void note(int rank, const char* what) {
+    noticed_ns[rank].store(mono_ns());
+    std::snprintf(message[rank], sizeof message[rank], "%s", what);
+  }
+  /// Seconds from the fault to rank's error, or -1.
+  double latency_s(int rank) const {
+    auto f = fault_ns.load(), n = noticed_ns[rank].load();
+    return f == 0 || n == 0 ? -1.0 : static_cast<double>(n - f) * 1e-9;
+  }
+};
+
+/// Files in /dev/shm whose name contains `needle`.
+inline std::vector<std::string> shm_files_with(const std::string& needle) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).find(needle) != std::string::npos) out.push_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+/// Processes whose parent is this process (zombies included).
+inline std::vector<int> children_of_self() {
+  std::vector<int> out;
+  const std::string me = std::to_string(getpid());
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      std::string path = std::string("/proc/") + e->d_name + "/stat";
+      FILE* f = std::fopen(path.c_str(), "r");
+      if (!f) continue;
+      char buf[512] = {};
+      std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+      std::fclose(f);
+      std::string s(buf, n);
+      auto rp = s.rfind(')');  // comm may hold spaces; fields follow the last ')'
+      if (rp == std::string::npos) continue;
+      int ppid = 0;
+      char state = 0;
+      if (std::sscanf(s.c_str() + rp + 1, " %c %d", &state, &ppid) == 2 &&
+          std::to_string(ppid) == me)
+        out.push_back(std::atoi(e->d_name));
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+}  // namespace shmring::test

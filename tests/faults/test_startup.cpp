@@ -1,0 +1,298 @@
+// Timeouts and startup faults: a rank that never arrives at a collective or
+// never attaches, ranks in different segments (job id, host identity), rank 0
+// dying while the others attach, a registered rank dying before the set is
+// complete, and a segment of our name that belongs to another user. Every
+// rank gets a clear error within the timeout, and nothing is left in /dev/shm.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <filesystem>
+#include <thread>
+
+#include "config.hpp"
+#include "faults.hpp"
+
+using namespace shmring;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kTimeoutS = 1.0;
+
+Options opts(int r, int n, const std::string& job, double timeout = kTimeoutS) {
+  Options o;
+  o.rank = r;
+  o.world_size = n;
+  o.job_id = job;
+  o.timeout_s = timeout;
+  o.slots = 2;
+  o.slot_bytes = 4096;
+  o.threads = 1;
+  return o;
+}
+
+double since_s(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool contains(const char* s, const std::string& needle) {
+  return std::string(s).find(needle) != std::string::npos;
+}
+
+std::string shm_path(const std::string& job) {
+  return "/dev/shm/" + detail::segment_name(job, detail::host_hash());
+}
+
+bool wait_for_path(const std::string& p, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (fs::exists(p)) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+// Forks fn in a child; returns its pid.
+pid_t spawn(const std::function<void()>& fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "uncaught: %s\n", e.what());
+      code = 1;
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(code);
+  }
+  return pid;
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return test::decode_status(st);
+}
+
+}  // namespace
+
+TEST_CASE("a rank that never arrives: the others time out naming it and the step") {
+  test::FaultBoard* board = test::FaultBoard::create();
+  const std::string job = test::unique_job_id("late");
+  auto status = test::run_processes(3, [&](int r) {
+    Communicator comm(opts(r, 3, job));
+    std::vector<float> x(10000, 1.0f);
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);  // #0 completes
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);  // #1: rank 2 is late
+      SHMRING_CHILD_CHECK(false, "rank %d: expected a timeout", r);
+    } catch (const TimeoutError& e) {
+      double s = since_s(t0);
+      board->note(r, e.what());
+      board->noticed_ns[r] = static_cast<std::int64_t>(s * 1e9);
+      SHMRING_CHILD_CHECK(contains(e.what(), "rank(s) 2 never started collective #1"),
+                          "rank %d: must name rank 2: %s", r, e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), " step "), "rank %d: must name the step: %s", r,
+                          e.what());
+      if (r != 2)
+        SHMRING_CHILD_CHECK(s >= kTimeoutS * 0.9 && s < kTimeoutS + 1.0,
+                            "rank %d: took %.2f s with a %.1f s timeout", r, s, kTimeoutS);
+      else
+        SHMRING_CHILD_CHECK(s < 0.5, "rank 2 must fail at once when it arrives: %.2f s", s);
+    }
+  });
+  CHECK(test::all_zero(status));
+  for (int r = 0; r < 3; ++r)
+    std::printf("late rank: rank %d after %.3f s: %s\n", r, board->noticed_ns[r] * 1e-9,
+                board->message[r]);
+  test::FaultBoard::destroy(board);
+  CHECK(test::shm_files_with(job).empty());
+}
+
+TEST_CASE("a rank that never attaches: the others time out naming it") {
+  const std::string job = test::unique_job_id("absent");
+  auto status = test::run_processes(2, [&](int r) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      Communicator comm(opts(r, 3, job));
+      SHMRING_CHILD_CHECK(false, "rank %d: expected a timeout", r);
+    } catch (const TimeoutError& e) {
+      double s = since_s(t0);
+      std::printf("absent rank: rank %d after %.3f s: %s\n", r, s, e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "missing rank(s) 2"), "rank %d: %s", r, e.what());
+      SHMRING_CHILD_CHECK(s < kTimeoutS + 1.0, "rank %d: %.2f s", r, s);
+    }
+  });
+  CHECK(test::all_zero(status));
+  CHECK(test::shm_files_with(job).empty());
+}
+
+TEST_CASE("ranks in different segments (different job id) fail on every rank within the timeout") {
+  const std::string job = test::unique_job_id("split");
+  auto status = test::run_processes(2, [&](int r) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      Communicator comm(opts(r, 2, r == 0 ? job : job + "x"));
+      int v = 1;
+      comm.allreduce(std::span<int>(&v, 1), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const TimeoutError& e) {
+      double s = since_s(t0);
+      std::printf("different job id: rank %d after %.3f s: %s\n", r, s, e.what());
+      SHMRING_CHILD_CHECK(s < kTimeoutS + 1.0, "rank %d: %.2f s", r, s);
+      SHMRING_CHILD_CHECK(contains(e.what(), r == 0 ? "missing rank(s) 1" : "the creation"),
+                          "rank %d: %s", r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  CHECK(test::shm_files_with(job).empty());
+}
+
+TEST_CASE("ranks with different host identities fail on every rank within the timeout") {
+  const std::string job = test::unique_job_id("host");
+  auto status = test::run_processes(2, [&](int r) {
+    if (r == 1) {
+      // Another "host": a private UTS namespace with another hostname (root only).
+      if (unshare(CLONE_NEWUTS) != 0 || sethostname("shmring-other-host", 18) != 0) _exit(77);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      Communicator comm(opts(r, 2, job));
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const TimeoutError& e) {
+      double s = since_s(t0);
+      std::printf("different host: rank %d after %.3f s: %s\n", r, s, e.what());
+      SHMRING_CHILD_CHECK(s < kTimeoutS + 1.0, "rank %d: %.2f s", r, s);
+    }
+  });
+  if (status[1] == 77) {
+    MESSAGE("skipped: cannot unshare(CLONE_NEWUTS) here (needs root)");
+    return;
+  }
+  CHECK(test::all_zero(status));
+  CHECK(test::shm_files_with(job).empty());
+}
+
+TEST_CASE("rank 0 dying while the others attach fails them at once and leaves nothing") {
+  // Rank 1 starts first and waits; rank 0 creates the segment and is killed
+  // as soon as the name appears (before, during or after rank 1 attaches).
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::string job = test::unique_job_id("r0dies");
+    test::FaultBoard* board = test::FaultBoard::create();
+    pid_t r1 = spawn([&] {
+      try {
+        Communicator comm(opts(1, 3, job, 30));
+        SHMRING_CHILD_CHECK(false, "rank 1: expected an error");
+      } catch (const PeerFailureError& e) {
+        board->note(1, e.what());
+        SHMRING_CHILD_CHECK(contains(e.what(), "rank 0 (pid"), "rank 1: %s", e.what());
+      }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pid_t r0 = spawn([&] { Communicator comm(opts(0, 3, job, 30)); });
+    REQUIRE(wait_for_path(shm_path(job), 10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(trial * 3));
+    board->fault_ns.store(test::mono_ns());
+    kill(r0, SIGKILL);
+    CHECK(wait_status(r0) == 128 + SIGKILL);
+    CHECK(wait_status(r1) == 0);
+    double s = board->latency_s(1);
+    std::printf("rank 0 killed during attach (+%d ms): rank 1 after %.3f s: %s\n", trial * 3, s,
+                board->message[1]);
+    CHECK(s < 1.0);
+    CHECK(test::shm_files_with(job).empty());
+    test::FaultBoard::destroy(board);
+  }
+}
+
+TEST_CASE(
+    "a segment left by a rank 0 that died before the others looked is removed at the timeout") {
+  const std::string job = test::unique_job_id("r0gone");
+  pid_t r0 = spawn([&] { Communicator comm(opts(0, 2, job, 30)); });
+  REQUIRE(wait_for_path(shm_path(job), 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(r0, SIGKILL);
+  CHECK(wait_status(r0) == 128 + SIGKILL);
+  CHECK(fs::exists(shm_path(job)));  // stale: nobody is left to remove it
+  auto status = test::run_processes(1, [&](int) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      Communicator comm(opts(1, 2, job));
+      SHMRING_CHILD_CHECK(false, "expected a timeout");
+    } catch (const TimeoutError& e) {
+      std::printf("stale segment at attach: rank 1 after %.3f s: %s\n", since_s(t0), e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "has been removed"), "%s", e.what());
+    }
+  });
+  CHECK(status[0] == 0);
+  CHECK(test::shm_files_with(job).empty());
+}
+
+TEST_CASE("a registered rank dying before every rank attached fails the others at once") {
+  const std::string job = test::unique_job_id("regdies");
+  test::FaultBoard* board = test::FaultBoard::create();
+  pid_t r0 = spawn([&] {
+    try {
+      Communicator comm(opts(0, 3, job, 30));
+      SHMRING_CHILD_CHECK(false, "rank 0: expected an error");
+    } catch (const PeerFailureError& e) {
+      board->note(0, e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "rank 1 (pid"), "rank 0: %s", e.what());
+    }
+  });
+  REQUIRE(wait_for_path(shm_path(job), 10));
+  pid_t r1 = spawn([&] {
+    Communicator comm(opts(1, 3, job, 30));  // rank 2 never comes
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 has registered
+  board->fault_ns.store(test::mono_ns());
+  kill(r1, SIGKILL);
+  CHECK(wait_status(r1) == 128 + SIGKILL);
+  CHECK(wait_status(r0) == 0);
+  std::printf("registered rank 1 killed during startup: rank 0 after %.3f s: %s\n",
+              board->latency_s(0), board->message[0]);
+  CHECK(board->latency_s(0) < 1.0);
+  CHECK(test::shm_files_with(job).empty());
+  test::FaultBoard::destroy(board);
+}
+
+TEST_CASE("another user's segment of our name is neither opened nor removed") {
+  if (geteuid() != 0) {
+    MESSAGE("skipped: needs root to chown a file to another uid");
+    return;
+  }
+  const std::string job = test::unique_job_id("foreign");
+  const std::string path = shm_path(job);
+  {
+    boost::interprocess::shared_memory_object shm(
+        boost::interprocess::create_only, detail::segment_name(job, detail::host_hash()).c_str(),
+        boost::interprocess::read_write, boost::interprocess::permissions(0600));
+    shm.truncate(8192);
+  }
+  REQUIRE(chown(path.c_str(), 4242, 4242) == 0);
+  auto status = test::run_processes(2, [&](int r) {
+    try {
+      Communicator comm(opts(r, 2, job));
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const InvalidArgumentError& e) {
+      std::printf("foreign segment: rank %d: %s\n", r, e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "belongs to uid 4242"), "rank %d: %s", r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  CHECK(fs::exists(path));  // not ours to remove
+  fs::remove(path);
+}
