@@ -352,3 +352,21 @@ TEST_CASE("typed span overloads and invalid arguments") {
   });
   CHECK(test::all_zero(status));
 }
+
+TEST_CASE("the oneTBB-parallel kernels (SHMRING_THREADS > 1) give the same exact results") {
+  Options o;
+  o.threads = 2;               // an arena of 2 threads per rank, oversubscribed on purpose
+  o.slot_bytes = 1024 * 1024;  // slices big enough to be split across threads
+  auto status = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        SHMRING_CHILD_CHECK(comm.config().threads == 2, "threads %d", comm.config().threads);
+        for (DataType t : kTypes)
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::avg}) {
+            if (op == ReduceOp::avg && !is_floating(t)) continue;
+            check_allreduce(comm, t, op, (1u << 20) + 3, false);
+          }
+      },
+      300, o);
+  CHECK(test::all_zero(status));
+}
