@@ -6,17 +6,6 @@
 
 namespace shmring::detail {
 
-namespace {
-
-template <class T>
-T read_field(const std::byte* base, std::size_t offset) {
-  T v;
-  std::memcpy(&v, base + offset, sizeof v);
-  return v;
-}
-
-}  // namespace
-
 HeaderCheck validate_header(const void* header_bytes, std::size_t header_size,
                             std::uint64_t file_size, int world_size, std::uint64_t host_hash) {
   HeaderCheck c;

@@ -6,11 +6,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "layout.hpp"
 
 namespace shmring::detail {
+
+/// A copy of the T at `offset` of a shared (possibly changing) byte range:
+/// one read, no reference into shared memory kept.
+template <class T>
+T read_field(const std::byte* base, std::size_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof v);
+  return v;
+}
 
 /// What validate_header() learnt from a header it accepted.
 struct HeaderCheck {

@@ -142,13 +142,6 @@ bool Segment::rank_alive(int r) const {
 
 namespace {
 
-template <class T>
-T read_field(const std::byte* base, std::size_t offset) {
-  T v;
-  std::memcpy(&v, base + offset, sizeof v);
-  return v;
-}
-
 // Ownership rule for a file of our name: ours (effective uid). Root's shm_open would open anyone's
 // file, so it is checked explicitly rather than left to the permission bits.
 std::string owner_problem(const struct stat& st) {
