@@ -221,6 +221,9 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
 }
 
 inline void validate(const PerfOptions& o) {
+  // Sizes grow by multiplication: a minimum of 0 would never grow.
+  if (o.min_bytes == 0)
+    throw CLI::ValidationError("-b 0: expected a minimum size of at least 1 byte");
   if (o.min_bytes > o.max_bytes)
     throw CLI::ValidationError(
         fmt::format("-b {} is larger than -e {}: expected min <= max", o.min_bytes, o.max_bytes));

@@ -41,6 +41,13 @@ shmring_result_t null_comm(const char* fn) {
   return SHMRING_ERR_INVALID_ARGUMENT;
 }
 
+// A NULL output pointer: the message goes to the communicator too.
+shmring_result_t null_output(shmring_comm_t c, const char* fn, const char* what) {
+  t_last_error = std::string(fn) + ": " + what + " is NULL: expected a pointer to write to";
+  if (c) c->last_error = t_last_error;
+  return SHMRING_ERR_INVALID_ARGUMENT;
+}
+
 #define SHMRING_REQUIRE_COMM(c) \
   if ((c) == nullptr) return null_comm(__func__)
 
@@ -56,7 +63,7 @@ shmring::ReduceOp op(shmring_reduce_op_t o) {
 extern "C" {
 
 shmring_result_t shmring_comm_init_from_env(shmring_comm_t* comm) {
-  if (comm == nullptr) return null_comm(__func__);
+  if (comm == nullptr) return null_output(nullptr, __func__, "comm");
   *comm = nullptr;
   return guarded(nullptr, [&] { *comm = new shmring_comm{shmring::Communicator(), {}}; });
 }
@@ -84,14 +91,14 @@ shmring_result_t shmring_comm_destroy(shmring_comm_t comm) {
 
 shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank) {
   SHMRING_REQUIRE_COMM(comm);
-  if (rank == nullptr) return null_comm("shmring_comm_rank: rank pointer");
+  if (rank == nullptr) return null_output(comm, __func__, "rank");
   *rank = comm->comm.rank();
   return SHMRING_SUCCESS;
 }
 
 shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size) {
   SHMRING_REQUIRE_COMM(comm);
-  if (size == nullptr) return null_comm("shmring_comm_size: size pointer");
+  if (size == nullptr) return null_output(comm, __func__, "size");
   *size = comm->comm.size();
   return SHMRING_SUCCESS;
 }
@@ -138,7 +145,7 @@ shmring_result_t shmring_barrier(shmring_comm_t comm) {
 shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
                                     shmring_comm_t* newcomm) {
   SHMRING_REQUIRE_COMM(comm);
-  if (newcomm == nullptr) return null_comm("shmring_comm_split: newcomm pointer");
+  if (newcomm == nullptr) return null_output(comm, __func__, "newcomm");
   *newcomm = nullptr;
   return guarded(comm, [&] { *newcomm = new shmring_comm{comm->comm.split(color, key), {}}; });
 }

@@ -61,8 +61,11 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
     broken = a->reason;
     throw_error(static_cast<ErrorCode>(a->code), a->reason);
   }
-  std::string where =
-      current ? fmt::format("{} #{} step {}", describe(*current), collectives, step) : "";
+  std::string where = current
+                          ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
+                                        step < 0 ? ", at its start, step 0: before any data moved"
+                                                 : fmt::format(", step {}", step))
+                          : "";
   if (!seg->rank_alive(peer)) {
     if (counter.value.load(std::memory_order_acquire) >= target) return;
     bool clean = area(peer).info.state.load(std::memory_order_acquire) == detail::kRankFinalized;

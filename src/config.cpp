@@ -164,7 +164,8 @@ Config resolve_config(const Options& o) {
     if (!found)
       throw InvalidArgumentError(
           "no rank and world size: run under shmrun (shmrun -n N -- prog), torchrun, mpirun or "
-          "srun, or set SHMRING_RANK and SHMRING_WORLD_SIZE, or pass them to the Communicator");
+          "srun, or set SHMRING_RANK and SHMRING_WORLD_SIZE (and SHMRING_JOB_ID), or pass them "
+          "explicitly (shmring::Options, shmring_comm_init)");
   }
   if (o.rank >= 0) {
     c.local_rank = o.local_rank >= 0 ? o.local_rank : c.rank;

@@ -269,10 +269,12 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         if (auto why = fd_problem(ofd); !why.empty()) throw not_ours(why);
         if (lock_held(ofd, 0))
           throw InvalidArgumentError(fmt::format(
-              "rank 0: shared memory segment '{}' already exists and its creator (pid {}) is "
+              "rank 0: shared memory segment '{}' already exists and its creator ({}) is "
               "alive: another job is using the same job id on this host; choose a different "
               "SHMRING_JOB_ID",
-              req.name, creator_pid_of(old, ofd)));
+              req.name, [pid = creator_pid_of(old, ofd)] {
+                return pid > 0 ? fmt::format("pid {}", pid) : std::string("still starting up");
+              }()));
         SHMRING_LOG(warn,
                     "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
                     req.name, creator_pid_of(old, ofd));
@@ -465,12 +467,15 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   seg->header_ = reinterpret_cast<Header*>(seg->base_);
   RankArea& me = seg->rank_area(req.rank);
   if (!try_lock_rank(seg->fd_, req.rank)) {
+    // Not written to the abort word: the segment may belong to another job
+    // that happens to use our job id, and a bystander must not be aborted.
+    const int holder = me.info.pid.load();
     std::string msg = fmt::format(
-        "rank {}: another process (pid {}) already attached as rank {} to segment '{}': every "
-        "rank needs a distinct SHMRING_RANK",
-        req.rank, me.info.pid.load(), req.rank, req.name);
-    raise_abort(*seg, req.world_size, static_cast<std::uint32_t>(ErrorCode::invalid_argument),
-                req.rank, msg);
+        "rank {}: another process ({}) already attached as rank {} to segment '{}': either two "
+        "ranks of this job share SHMRING_RANK={}, or another job on this host uses the same "
+        "SHMRING_JOB_ID (shmrun gives each job a fresh one)",
+        req.rank, holder > 0 ? fmt::format("pid {}", holder) : std::string("pid not yet known"),
+        req.rank, req.name, req.rank);
     throw InvalidArgumentError(msg);
   }
   me.info.pid.store(getpid(), std::memory_order_relaxed);

@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "Reduction threads per rank (SHMRING_THREADS)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")
-      ->check(CLI::Range(2, 1024));
+      ->check(CLI::Range(2, 62));  // the library's range (its descriptor ring holds 64)
   app.add_option("--slot-bytes", slot_bytes,
                  "Bytes per slot, a multiple of 4096 (SHMRING_SLOT_BYTES)")
       ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30) &
