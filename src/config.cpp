@@ -230,7 +230,10 @@ Config resolve_config(const Options& o) {
   // When ranks outnumber cores a spinning waiter steals the core its producer
   // needs: skip the spin and yield instead.
   bool oversubscribed = static_cast<unsigned>(c.local_world_size) > cores;
-  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(oversubscribed ? 0.0 : 50.0);
+  // 5 us of spinning catches a peer running on its own core as well as 50 us
+  // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
+  // deschedules the peer (then a wait costs the spin before it yields).
+  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(oversubscribed ? 0.0 : 5.0);
   c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(oversubscribed ? 2000.0 : 200.0);
   return c;
 }
