@@ -48,7 +48,7 @@ inline void publish(Counter& c, std::uint64_t v) {
 }
 
 struct WaitPolicy {
-  std::int64_t spin_ns = 50'000;
+  std::int64_t spin_ns = 5'000;  // the defaults of Config (SHMRING_SPIN_US / _YIELD_US)
   std::int64_t yield_ns = 200'000;
   long sleep_slice_us = 10'000;  // futex sleeps this long at most between slow checks
 };
