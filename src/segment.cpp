@@ -190,17 +190,20 @@ bool unlink_if_same(const std::string& name, int fd) {
   return shm_unlink(name.c_str()) == 0;
 }
 
-std::int64_t coarse_realtime_ns() {
+std::int64_t realtime_ns(clockid_t clock = CLOCK_REALTIME) {
   struct timespec ts {};
-  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  clock_gettime(clock, &ts);
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 
-// ctime of the file: set when it was created, truncated or reserved, all of
-// which only its creator does.
-std::int64_t ctime_ns(int fd) {
+// ctime of the file while it still has a name: set when it was created,
+// truncated or reserved, all of which only its creator does. Unlinking also
+// sets it, and a new rank 0 unlinks a stale file that a rank may hold open:
+// an unlinked file reads as 0 ("not changed"), from the same fstat, so that
+// the unlink's stamp is never taken for a change by the creator.
+std::int64_t linked_ctime_ns(int fd) {
   struct stat st {};
-  if (fstat(fd, &st) != 0) return 0;
+  if (fstat(fd, &st) != 0 || st.st_nlink == 0) return 0;
   return std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec;
 }
 
@@ -357,7 +360,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                         static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
     h.host_hash = req.host_hash;
     h.creator_pid = getpid();
-    h.created_ns = static_cast<std::uint64_t>(coarse_realtime_ns());
+    h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
     RankArea& me = seg->rank_area(0);
     me.info.pid.store(getpid(), std::memory_order_relaxed);
     me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
@@ -372,12 +375,15 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   // A file of our name without its creator's lock is stale: left by an
   // earlier job (a new rank 0 will replace it) or by this job's rank 0, dead
   // during startup. It is the latter for sure when the file changed after we
-  // began looking (ctime, coarse clock, strict comparison) and has a size
+  // began looking (ctime > a fine-grained clock read when we began: a file
+  // timestamp never runs ahead of that clock, whether the kernel stamps files
+  // with the coarse or the fine clock, while the coarse clock can lag a file
+  // stamped finely just before we began) and has a size
   // (rank 0 locks before it reserves, so a sized file had a live creator), or
   // when we saw its creator alive before: then fail now and remove it, rather
   // than wait for the timeout and leave it behind. An empty unlocked file may
   // be a rank 0 between create and lock: only the deadline settles that.
-  const std::int64_t began_ns = coarse_realtime_ns();
+  const std::int64_t began_ns = realtime_ns();
   const auto began = Clock::now();
   int it = 0;
   auto timed_out = [&](const std::string& what, const std::string& extra = {}) {
@@ -411,7 +417,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (auto why = fd_problem(fd); !why.empty()) throw not_ours(why);
     if (!lock_held(fd, 0)) {
       const int pid = creator_pid_of(m.shm, fd);
-      if (file_size(fd) >= kHeaderBytes && ctime_ns(fd) > began_ns && !lock_held(fd, 0))
+      if (file_size(fd) >= kHeaderBytes && linked_ctime_ns(fd) > began_ns && !lock_held(fd, 0))
         throw rank0_died(pid, fd);
       if (Clock::now() >= req.deadline) {
         bool removed = !lock_held(fd, 0) && unlink_if_same(req.name, fd);
