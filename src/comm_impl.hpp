@@ -127,6 +127,9 @@ struct Communicator::Impl {
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,
               int divisor = 1);
   void copy(void* dst, const void* src, std::size_t bytes);
+  /// copy() into a slot that the right neighbour reads next: streaming
+  /// stores when config.nt_stores (see kernels/copy.hpp), fenced.
+  void copy_to_slot(std::byte* slot, const void* src, std::size_t bytes);
 
   std::chrono::steady_clock::time_point deadline() const {
     return std::chrono::steady_clock::now() +

@@ -235,6 +235,17 @@ Config resolve_config(const Options& o) {
   // deschedules the peer (then a wait costs the spin before it yields).
   c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(oversubscribed ? 0.0 : 5.0);
   c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(oversubscribed ? 2000.0 : 200.0);
+  if (auto v = env_string("SHMRING_NT_STORES")) {
+    if (*v == "auto")
+      c.nt_stores = NtStores::automatic;
+    else if (*v == "0")
+      c.nt_stores = NtStores::never;
+    else if (*v == "1")
+      c.nt_stores = NtStores::always;
+    else
+      throw InvalidArgumentError(
+          fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 (never) or 1 (always)", *v));
+  }
   return c;
 }
 

@@ -63,7 +63,7 @@ struct RingPass {
     {
       Range s = slice(r - 1, q);
       std::byte* dst = c.acquire_send_slot();
-      c.copy(dst, in + s.begin * esize, s.count * esize);
+      c.copy_to_slot(dst, in + s.begin * esize, s.count * esize);
       c.publish_send();
     }
     for (int t = 0; t < n - 2; ++t) {
@@ -80,13 +80,15 @@ struct RingPass {
     const std::size_t mine = s.begin - chunk(r).begin;
     std::byte* out = out_mine + mine * esize;
     const std::byte* src = c.wait_recv_slot();
-    std::byte* dst = forward ? c.acquire_send_slot() : out;
+    // Reduce into the output (src may alias it only when in == out), then
+    // forward from there: the slot is written by one streaming copy.
     if (op == ReduceOp::avg)
-      c.reduce(dst, src, in + s.begin * esize, s.count, dtype, ReduceOp::avg, n);
+      c.reduce(out, src, in + s.begin * esize, s.count, dtype, ReduceOp::avg, n);
     else
-      c.reduce(dst, src, in + s.begin * esize, s.count, dtype, op);
+      c.reduce(out, src, in + s.begin * esize, s.count, dtype, op);
     if (forward) {
-      c.copy(out, dst, s.count * esize);
+      std::byte* dst = c.acquire_send_slot();
+      c.copy_to_slot(dst, out, s.count * esize);
       c.publish_send();
     }
     c.release_recv();
@@ -101,7 +103,7 @@ struct RingPass {
       Range s = slice(r, q);
       const std::byte* src = mine_in + (s.begin - chunk(r).begin) * esize;
       std::byte* dst = c.acquire_send_slot();
-      c.copy(dst, src, s.count * esize);
+      c.copy_to_slot(dst, src, s.count * esize);
       if (out + s.begin * esize != src) c.copy(out + s.begin * esize, src, s.count * esize);
       c.publish_send();
     }
@@ -110,8 +112,8 @@ struct RingPass {
       Range s = slice(r - t - 1, q);
       const std::byte* src = c.wait_recv_slot();
       std::byte* dst = c.acquire_send_slot();
-      c.copy(dst, src, s.count * esize);
       c.copy(out + s.begin * esize, src, s.count * esize);
+      c.copy_to_slot(dst, out + s.begin * esize, s.count * esize);
       c.publish_send();
       c.release_recv();
     }

@@ -28,6 +28,11 @@ struct Options {
   double timeout_s = 0;        ///< Deadline of every wait, seconds. SHMRING_TIMEOUT.
 };
 
+/// When slot copies use non-temporal (streaming) stores. `automatic` uses
+/// them for slices of 16-128 KiB, where they measured faster (see
+/// bench/README.md, "Non-temporal slot writes").
+enum class NtStores : std::uint8_t { automatic, never, always };
+
 /// Settings in force, after explicit options, environment and defaults.
 struct Config {
   int rank = 0;
@@ -43,6 +48,7 @@ struct Config {
   double yield_us = 0;             ///< sched_yield phase after the spin, before futex sleep.
   std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
   std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
+  NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
   std::string segment_name;
   std::size_t segment_bytes = 0;
 };

@@ -376,3 +376,25 @@ TEST_CASE("the oneTBB-parallel kernels (SHMRING_THREADS > 1) give the same exact
       300, o);
   CHECK(test::all_zero(status));
 }
+
+TEST_CASE("streaming slot writes (SHMRING_NT_STORES=1) give the same exact results") {
+  // Forced on for every slice, small slots so that slices end at odd byte
+  // offsets (2-byte types, counts not divisible by N), and K=2 so that a
+  // missing store fence would let a reader see a stale slot.
+  setenv("SHMRING_NT_STORES", "1", 1);
+  Options o;
+  o.slots = 2;
+  o.slot_bytes = 4096;
+  auto status = test::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        SHMRING_CHILD_CHECK(comm.config().nt_stores == NtStores::always, "nt_stores not forced");
+        for (std::size_t count : {1009u, 4096u * 3 + 7, 100000u})
+          for (DataType t : {DataType::float32, DataType::bfloat16, DataType::int8})
+            for (bool in_place : {false, true})
+              check_allreduce(comm, t, ReduceOp::sum, count, in_place);
+      },
+      120, o);
+  unsetenv("SHMRING_NT_STORES");
+  CHECK(test::all_zero(status));
+}

@@ -5,6 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
 using namespace shmring;
@@ -229,4 +231,27 @@ TEST_CASE("the dispatcher names an instruction set") {
   std::string isa = kernel_isa();
   CHECK((isa == "avx512" || isa == "avx2" || isa == "sse2"));
   MESSAGE("kernels run with ", isa);
+}
+
+TEST_CASE("the streaming copy equals memcpy at every alignment and length, and stays in bounds") {
+  std::mt19937 rng(7);
+  std::vector<unsigned char> src(70000), dst(70000 + 256);
+  for (auto& b : src) b = static_cast<unsigned char>(rng());
+  std::vector<std::size_t> lengths;
+  for (std::size_t n = 0; n <= 300; ++n) lengths.push_back(n);
+  for (std::size_t n : {4095u, 4096u, 4097u, 65536u + 13u}) lengths.push_back(n);
+  for (std::size_t dst_off : {0u, 1u, 8u, 31u, 32u, 63u, 64u})
+    for (std::size_t src_off : {0u, 3u, 64u})
+      for (std::size_t n : lengths) {
+        std::fill(dst.begin(), dst.end(), 0x5A);
+        copy_streaming(dst.data() + 64 + dst_off, src.data() + src_off, n);
+        REQUIRE_MESSAGE(std::memcmp(dst.data() + 64 + dst_off, src.data() + src_off, n) == 0,
+                        "dst_off ", dst_off, " src_off ", src_off, " n ", n);
+        const auto untouched = [](unsigned char b) { return b == 0x5A; };
+        REQUIRE(std::all_of(dst.begin(), dst.begin() + 64 + dst_off, untouched));
+        REQUIRE(std::all_of(dst.begin() + 64 + dst_off + n, dst.end(), untouched));
+      }
+  std::string isa = copy_streaming_isa();
+  CHECK((isa == "avx512" || isa == "avx2" || isa == "sse2" || isa == "memcpy"));
+  MESSAGE("streaming copy runs with ", isa);
 }

@@ -1,0 +1,23 @@
+#pragma once
+
+// Copies into shared memory that another core reads next.
+
+#include <cstddef>
+
+namespace shmring::detail {
+
+/// memcpy with non-temporal (streaming) stores: the destination lines go to
+/// memory instead of staying dirty in this core's cache, so a reader on
+/// another core fetches them from memory (or the shared L3) instead of by a
+/// cross-core snoop of a modified line, which on the measured machines is
+/// the slower of the two (bench/README.md, "Non-temporal slot writes").
+/// Ends with a store fence, so a release store that follows publishes the
+/// data. `dst` and `src` need no alignment; the regions must not overlap.
+/// Falls back to memcpy where there are no streaming stores (non-x86).
+void copy_streaming(void* dst, const void* src, std::size_t bytes);
+
+/// Name of the streaming-store width used here ("avx512", "avx2", "sse2" or
+/// "memcpy").
+const char* copy_streaming_isa();
+
+}  // namespace shmring::detail
