@@ -29,8 +29,9 @@ struct Options {
 };
 
 /// When slot copies use non-temporal (streaming) stores. `automatic` uses
-/// them for slices of 16-128 KiB, where they measured faster (see
-/// bench/README.md, "Non-temporal slot writes").
+/// them for slices of 16-128 KiB on AMD CPUs, where they measured faster,
+/// and not on Intel, where they measured slower (bench/README.md,
+/// "Non-temporal slot writes").
 enum class NtStores : std::uint8_t { automatic, never, always };
 
 /// Settings in force, after explicit options, environment and defaults.

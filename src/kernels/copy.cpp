@@ -85,6 +85,14 @@ const char* copy_streaming_isa() {
   return variant().name;
 }
 
+bool streaming_pays_off() {
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+}
+
 #else
 
 void copy_streaming(void* dst, const void* src, std::size_t bytes) {
@@ -92,6 +100,9 @@ void copy_streaming(void* dst, const void* src, std::size_t bytes) {
 }
 const char* copy_streaming_isa() {
   return "memcpy";
+}
+bool streaming_pays_off() {
+  return false;
 }
 
 #endif

@@ -16,6 +16,14 @@ namespace shmring::detail {
 /// Falls back to memcpy where there are no streaming stores (non-x86).
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
 
+/// Whether streaming slot writes pay off on this CPU (SHMRING_NT_STORES=auto).
+/// Measured (bench/README.md): on AMD Zen 4 a line modified in another
+/// core's L2 crosses slower than it comes from memory, and streaming 16-128
+/// KiB slices cut N=2 allreduce by 20-30%; on an Intel Xeon the shared L3
+/// hands lines over faster than memory, and 64-128 KiB slices were 1.5x
+/// slower streamed (16 KiB and below: equal). So: AMD yes, everything else no.
+bool streaming_pays_off();
+
 /// Name of the streaming-store width used here ("avx512", "avx2", "sse2" or
 /// "memcpy").
 const char* copy_streaming_isa();
