@@ -1,6 +1,7 @@
 #include "config.hpp"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -129,6 +130,16 @@ std::optional<std::string> launcher_job_id(const std::string& launcher) {
   return std::nullopt;
 }
 
+// CPUs this process may run on (its affinity mask); the online count when
+// the mask cannot be read.
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, CPU_COUNT(&set));
+}
+
 }  // namespace
 
 Config resolve_config(const Options& o) {
@@ -218,7 +229,11 @@ Config resolve_config(const Options& o) {
   }
 
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int default_threads = std::max(1, static_cast<int>(cores) / c.local_world_size);
+  // A rank bound to fewer CPUs (shmrun --bind-to core, taskset, mpirun's
+  // binding) gets no more threads than it has CPUs: oneTBB caps its workers
+  // at the affinity mask anyway, and warns when asked for more.
+  int default_threads =
+      std::max(1, std::min(affinity_cpus(), static_cast<int>(cores) / c.local_world_size));
   c.threads = o.threads > 0
                   ? o.threads
                   : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(default_threads));

@@ -5,10 +5,12 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <filesystem>
+#include <thread>
 
 #include "config.hpp"
 #include "harness.hpp"
@@ -209,6 +211,32 @@ TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values"
       none = std::string(e.what()).find("shmrun") != std::string::npos;
     }
     SHMRING_CHILD_CHECK(none, "no launcher: the message must say how to run");
+  });
+  CHECK(status[0] == 0);
+}
+
+TEST_CASE("default threads: never more than the CPUs the rank is bound to") {
+  if (std::thread::hardware_concurrency() < 2) {
+    MESSAGE("skipped: one CPU");
+    return;
+  }
+  auto status = test::run_processes(1, [&](int) {
+    clearenv();
+    Options o;
+    o.rank = 0;
+    o.world_size = 1;
+    o.job_id = "threads";
+    Config unbound = detail::resolve_config(o);
+    SHMRING_CHILD_CHECK(unbound.threads == static_cast<int>(std::thread::hardware_concurrency()),
+                        "unbound, 1 local rank: threads %d, want every CPU", unbound.threads);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    SHMRING_CHILD_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity");
+    Config bound = detail::resolve_config(o);
+    SHMRING_CHILD_CHECK(bound.threads == 1, "bound to CPU 0: threads %d, want 1", bound.threads);
+    setenv("SHMRING_THREADS", "3", 1);  // an explicit setting still wins
+    SHMRING_CHILD_CHECK(detail::resolve_config(o).threads == 3, "SHMRING_THREADS ignored");
   });
   CHECK(status[0] == 0);
 }
