@@ -10,9 +10,15 @@ copy, as torch's DistributedDataParallel does with gradient_as_bucket_view.
 
 --backend shmring uses shmring.Communicator().allreduce; --backend gloo runs
 the very same loop with torch.distributed's gloo all_reduce, for comparison.
+--backend both trains with shmring and, every step, also reduces a copy of
+the same gradients with gloo: both are timed on the same bytes in the same
+run (alternating which goes first, so neither always meets cold caches),
+gloo's result is checked against shmring's, and the RESULT line gives the
+per-step ratio.
 
     build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --backend shmring
     build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --backend gloo
+    build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --backend both
 
 shmrun sets RANK / WORLD_SIZE (and SHMRING_*); with gloo, MASTER_ADDR and
 MASTER_PORT default to 127.0.0.1 and a port derived from the job id.
@@ -97,7 +103,9 @@ class Backend:
             shmring = import_shmring()
             self.comm = shmring.Communicator()
             self.sum = shmring.ReduceOp.SUM
-            assert (self.comm.rank, self.comm.size) == (rank, world_size)
+            if (self.comm.rank, self.comm.size) != (rank, world_size):
+                raise SystemExit(f"train_torch: shmring says rank {self.comm.rank} of "
+                                 f"{self.comm.size}, RANK/WORLD_SIZE say {rank} of {world_size}")
         else:
             import torch.distributed as dist
             job = os.environ.get("SHMRING_JOB_ID", "train_torch")
@@ -185,6 +193,35 @@ class GradientBuckets:
             flat.div_(world_size)
         return waited, spent, cpu
 
+    def average_both(self, shm, gloo, world_size, step):
+        """Averages with shmring, and times gloo on a copy of the same bytes.
+
+        Each bucket is reduced by both libraries, each after a token allreduce
+        of its own has lined the ranks up; the order alternates with the step.
+        gloo's sum must equal shmring's to float32 rounding (the two add the
+        ranks' values in different orders). Returns (shmring s, gloo s).
+        """
+        t_shm = t_gloo = 0.0
+        for flat in self.buffers:
+            copy = flat.clone()
+            order = [("shm", flat), ("gloo", copy)]
+            for which, buf in (order if step % 2 == 0 else order[::-1]):
+                lib = shm if which == "shm" else gloo
+                lib.allreduce(self.token)  # as in a run with that library alone
+                t0 = time.perf_counter()
+                lib.allreduce(buf)
+                dt = time.perf_counter() - t0
+                if which == "shm":
+                    t_shm += dt
+                else:
+                    t_gloo += dt
+            if not torch.allclose(copy, flat, rtol=1e-5, atol=1e-6 * float(flat.abs().max())):
+                bad = (copy - flat).abs().argmax().item()
+                raise SystemExit(f"train_torch: step {step}: gloo and shmring sums differ at "
+                                 f"element {bad}: {copy[bad].item()!r} vs {flat[bad].item()!r}")
+            flat.div_(world_size)
+        return t_shm, t_gloo
+
 
 def broadcast_from_rank0(model, backend):
     """Makes every rank start from rank 0's parameters, whatever its seed did."""
@@ -213,7 +250,8 @@ def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=["shmring", "gloo"], default="shmring")
+    ap.add_argument("--backend", choices=["shmring", "gloo", "both"], default="shmring",
+                    help="both: train with shmring, also time gloo on the same gradients")
     ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=256, help="global batch, all ranks")
@@ -245,7 +283,8 @@ def main():
     torch.manual_seed(args.seed)
 
     train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
-    backend = Backend(args.backend, rank, world_size)
+    backend = Backend("shmring" if args.backend == "both" else args.backend, rank, world_size)
+    gloo = Backend("gloo", rank, world_size) if args.backend == "both" else None
     model = make_model(args.model)
     broadcast_from_rank0(model, backend)
     buckets = GradientBuckets(model.parameters(), int(args.bucket_mb * 2**20))
@@ -259,7 +298,7 @@ def main():
         flush=True)
 
     steps_per_epoch = len(train_y) // args.batch_size
-    ar_times, wait_times, cpu_times, step_times = [], [], [], []
+    ar_times, wait_times, cpu_times, step_times, gloo_times = [], [], [], [], []
     step = 0
     done = False
     for epoch in range(args.epochs):
@@ -274,7 +313,12 @@ def main():
             out = model(x)
             loss = F.cross_entropy(out, y)
             loss.backward()
-            wait, ar, cpu = buckets.average(backend, world_size, sync=not args.no_sync)
+            if gloo is not None:
+                ar, ar_gloo = buckets.average_both(backend, gloo, world_size, step)
+                wait = cpu = 0.0
+                gloo_times.append(ar_gloo)
+            else:
+                wait, ar, cpu = buckets.average(backend, world_size, sync=not args.no_sync)
             opt.step()
             step_times.append(time.perf_counter() - t_step)
             ar_times.append(ar)
@@ -305,6 +349,24 @@ def main():
 
     ar_ms, wait_ms, step_ms = ms(ar_times), ms(wait_times), ms(step_times)
     cpu_ms = ms(cpu_times)
+    if gloo is not None:
+        gloo_ms = ms(gloo_times)
+        mean_s, mean_g = statistics.mean(ar_ms), statistics.mean(gloo_ms)
+        med_s, med_g = statistics.median(ar_ms), statistics.median(gloo_ms)
+        log(f"allreduce per step over {len(ar_ms)} steps, {world_size} ranks, "
+            f"{sum(b.numel() for b in buckets.buffers) * 4 / 2**20:.2f} MiB of float32 gradients:")
+        log(f"  {'':8} {'mean ms':>9} {'median ms':>10}")
+        log(f"  {'shmring':8} {mean_s:9.3f} {med_s:10.3f}")
+        log(f"  {'gloo':8} {mean_g:9.3f} {med_g:10.3f}")
+        log(f"  {'gloo/shm':8} {mean_g / mean_s:9.1f} {med_g / med_s:10.1f}")
+        log(f"RESULT backend=both model={args.model} ranks={world_size} steps={step} "
+            f"shmring_mean_ms={mean_s:.3f} shmring_median_ms={med_s:.3f} "
+            f"gloo_mean_ms={mean_g:.3f} gloo_median_ms={med_g:.3f} "
+            f"ratio_mean={mean_g / mean_s:.1f} ratio_median={med_g / med_s:.1f} "
+            f"test_acc={test_acc:.4f} test_loss={test_loss:.4f}", flush=True)
+        gloo.close()
+        backend.close()
+        return
     log(f"RESULT backend={args.backend} model={args.model} ranks={world_size} steps={step} "
         f"allreduce_mean_ms={statistics.mean(ar_ms):.3f} "
         f"allreduce_median_ms={statistics.median(ar_ms):.3f} "
