@@ -229,11 +229,14 @@ Config resolve_config(const Options& o) {
   }
 
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // A rank bound to fewer CPUs (shmrun --bind-to core, taskset, mpirun's
-  // binding) gets no more threads than it has CPUs: oneTBB caps its workers
-  // at the affinity mask anyway, and warns when asked for more.
+  // The CPUs a rank may use are the affinity mask's (shmrun --bind-to core,
+  // taskset, mpirun's binding), shared with the other local ranks when the
+  // mask is the job's: min(mask, online) / local ranks. When each rank has a
+  // mask of its own this undercounts, which wastes cores but never
+  // oversubscribes them (oneTBB caps its workers at the mask anyway, and
+  // warned "limited to 0 workers" on the 16-core device under --bind-to core).
   int default_threads =
-      std::max(1, std::min(affinity_cpus(), static_cast<int>(cores) / c.local_world_size));
+      std::max(1, std::min(affinity_cpus(), static_cast<int>(cores)) / c.local_world_size);
   c.threads = o.threads > 0
                   ? o.threads
                   : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(default_threads));
