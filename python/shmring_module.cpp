@@ -497,6 +497,13 @@ py::dict config_dict(const Config& c) {
   d["timeout_s"] = c.timeout_s;
   d["spin_us"] = c.spin_us;
   d["yield_us"] = c.yield_us;
+  d["direct_bytes"] = c.direct_bytes;
+  d["algorithm"] = c.algorithm;
+  d["nt_stores"] = c.nt_stores == NtStores::automatic ? "auto"
+                   : c.nt_stores == NtStores::always  ? "1"
+                                                      : "0";
+  d["job_cpus"] = c.job_cpus;
+  d["oversubscribed"] = c.oversubscribed;
   d["segment_name"] = c.segment_name;
   d["segment_bytes"] = c.segment_bytes;
   return d;

@@ -136,12 +136,23 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   if (config.algorithm == "ring") return Algorithm::ring;
   if (config.algorithm == "direct") return Algorithm::direct;
   if (kind == CollectiveKind::allreduce) {
-    // Measured crossovers (allreduce_perf -a direct|ring, float32, 2 cores):
-    // at N=2 the ring's two steps beat reading both buffers from 1 KiB on
-    // (4 KiB: 0.60 vs 0.88 us, 64 KiB: 9.5-10.2 vs 10.9-11.1 us); at N=3 the
-    // ring wins from 32 KiB (11.9 vs 13.1 us); at N=4 the direct path still
-    // wins at 128 KiB (50-61 vs 58-75 us), past the default direct buffer.
-    const std::uint64_t limit = size == 2 ? 512 : size == 3 ? 16 * 1024 : payload;
+    // Measured crossovers (allreduce_perf, SHMRING_ALGO=direct|ring, float32;
+    // bench/README.md). The choice depends only on N and on oversubscription,
+    // which every rank computes alike from the same masks.
+    //   N=2 (2-core VM): the ring's two steps beat reading both buffers from
+    //     1 KiB on (4 KiB: 0.60 vs 0.88 us, 64 KiB: 9.5-10.2 vs 10.9-11.1 us).
+    //   Ranks on CPUs of their own (16-core device, N=4, 8, 16): direct wins
+    //     up to 4 KiB (N=16: 14.8 vs 19.2 us), the ring from 8 KiB (N=16:
+    //     20.7 vs 27.0 us; 64 KiB: 47.8 vs 197 us).
+    //   Oversubscribed (N=3, 4 on 2 cores): every ring step can wait for a
+    //     context switch, so the one-shot path wins longer: at N=3 up to
+    //     16 KiB (32 KiB: ring 11.9 vs 13.1 us), at N=4 still at 128 KiB
+    //     (50-61 vs 58-75 us), past the default direct buffer.
+    std::uint64_t limit = 4 * 1024;
+    if (size == 2)
+      limit = 512;
+    else if (config.oversubscribed)
+      limit = size == 3 ? 16 * 1024 : payload;
     if (payload > limit) return Algorithm::ring;
   }
   return Algorithm::direct;
@@ -344,9 +355,6 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;
   c.right = (c.rank + 1) % c.size;
-  c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
-  c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
-  if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
 
   const std::uint64_t host = detail::host_hash();
   cfg.segment_name = detail::segment_name(cfg.job_id, host);
@@ -365,19 +373,23 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   cfg.direct_bytes = c.seg->direct_bytes();
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
+  detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus());
+  c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
+  c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
+  if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
 
   SHMRING_LOG(
       info,
       "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
       "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
-      "yield={}us nt_stores={} ({})",
+      "yield={}us nt_stores={} ({}) job_cpus={}{}",
       SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
       cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
       cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
       cfg.nt_stores == NtStores::automatic ? "auto"
       : cfg.nt_stores == NtStores::always  ? "always"
                                            : "never",
-      detail::copy_streaming_isa());
+      detail::copy_streaming_isa(), cfg.job_cpus, cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() = default;

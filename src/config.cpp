@@ -130,6 +130,8 @@ std::optional<std::string> launcher_job_id(const std::string& launcher) {
   return std::nullopt;
 }
 
+}  // namespace
+
 // CPUs this process may run on (its affinity mask); the online count when
 // the mask cannot be read.
 int affinity_cpus() {
@@ -140,7 +142,27 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-}  // namespace
+void apply_placement(Config& c, int my_cpus, int job_cpus) {
+  c.job_cpus = std::max(1, job_cpus);
+  // More ranks than the CPUs their affinity masks cover together: a waiter
+  // that spins steals the CPU its producer needs. Judged on the union of
+  // every rank's mask, so that ranks pinned one per core (shmrun --bind-to
+  // core) are not oversubscribed while a whole job under `taskset -c 0,1`
+  // is (on the 16-core device, 4 such ranks spinning were 3-6x slower than
+  // Open MPI below 4 KiB).
+  c.oversubscribed = c.world_size > c.job_cpus;
+  // 5 us of spinning catches a peer running on its own core as well as 50 us
+  // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
+  // deschedules the peer (then a wait costs the spin before it yields).
+  if (c.spin_us < 0) c.spin_us = c.oversubscribed ? 0.0 : 5.0;
+  if (c.yield_us < 0) c.yield_us = c.oversubscribed ? 2000.0 : 200.0;
+  // A rank's share of the job's CPUs, and never more than its own mask
+  // (oneTBB caps its workers at the mask anyway, and warned "limited to 0
+  // workers" on the device when each rank asked for cores / ranks threads
+  // while pinned to one core).
+  if (c.threads <= 0)
+    c.threads = std::max(1, std::min(my_cpus, c.job_cpus / std::max(1, c.local_world_size)));
+}
 
 Config resolve_config(const Options& o) {
   Config c;
@@ -228,31 +250,17 @@ Config resolve_config(const Options& o) {
     c.algorithm = v;
   }
 
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  // The CPUs a rank may use are the affinity mask's (shmrun --bind-to core,
-  // taskset, mpirun's binding), shared with the other local ranks when the
-  // mask is the job's: min(mask, online) / local ranks. When each rank has a
-  // mask of its own this undercounts, which wastes cores but never
-  // oversubscribes them (oneTBB caps its workers at the mask anyway, and
-  // warned "limited to 0 workers" on the 16-core device under --bind-to core).
-  int default_threads =
-      std::max(1, std::min(affinity_cpus(), static_cast<int>(cores)) / c.local_world_size);
-  c.threads = o.threads > 0
-                  ? o.threads
-                  : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(default_threads));
+  // 0 = automatic: apply_placement() decides once every rank has attached.
+  c.threads =
+      o.threads > 0 ? o.threads : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(0));
 
   c.timeout_s = o.timeout_s > 0
                     ? o.timeout_s
                     : env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(kDefaultTimeoutS);
 
-  // When ranks outnumber cores a spinning waiter steals the core its producer
-  // needs: skip the spin and yield instead.
-  bool oversubscribed = static_cast<unsigned>(c.local_world_size) > cores;
-  // 5 us of spinning catches a peer running on its own core as well as 50 us
-  // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
-  // deschedules the peer (then a wait costs the spin before it yields).
-  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(oversubscribed ? 0.0 : 5.0);
-  c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(oversubscribed ? 2000.0 : 200.0);
+  // Negative = automatic (apply_placement()).
+  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(-1);
+  c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(-1);
   if (auto v = env_string("SHMRING_NT_STORES")) {
     if (*v == "auto")
       c.nt_stores = NtStores::automatic;

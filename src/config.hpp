@@ -23,9 +23,21 @@ std::optional<std::string> env_string(const char* name);
 std::optional<long long> env_int(const char* name, long long lo, long long hi);
 std::optional<double> env_double(const char* name, double lo, double hi);
 
-/// Resolves options + environment + defaults into a Config (segment_name and
-/// segment_bytes are filled later). Throws InvalidArgumentError.
+/// Resolves options + environment + defaults into a Config (segment_name,
+/// segment_bytes and the placement-dependent fields are filled later: see
+/// apply_placement; until then threads == 0 and spin_us, yield_us < 0 mean
+/// "automatic"). Throws InvalidArgumentError.
 Config resolve_config(const Options& options);
+
+/// CPUs in this process's affinity mask (the online count if unreadable).
+int affinity_cpus();
+
+/// Fills the settings that depend on where the ranks run, once every rank
+/// has attached: `my_cpus` is this rank's affinity mask size, `job_cpus` the
+/// size of the union of all ranks' masks. Sets job_cpus and oversubscribed
+/// (ranks > job_cpus), and, unless set explicitly, spin_us and yield_us (no
+/// spin when oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
+void apply_placement(Config& c, int my_cpus, int job_cpus);
 
 /// Stable identity of this host and boot: FNV-1a of hostname and boot id.
 std::uint64_t host_hash();

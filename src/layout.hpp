@@ -24,7 +24,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -70,10 +70,16 @@ struct alignas(64) Descriptor {
   std::atomic<std::uint32_t> algorithm;  // ring or direct
 };
 
+/// CPUs a rank's affinity mask can name here (CPU_SETSIZE).
+inline constexpr std::size_t kCpuMaskWords = 1024 / 64;
+
 struct alignas(kLine) RankInfo {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> state;
   std::atomic<std::uint64_t> host_hash;
+  // The rank's affinity mask when it attached (bit c = CPU c), written before
+  // `state` is published; the union over ranks tells oversubscription.
+  std::atomic<std::uint64_t> cpus[kCpuMaskWords];
 };
 
 struct RankArea {

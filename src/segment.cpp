@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -207,6 +208,23 @@ std::int64_t linked_ctime_ns(int fd) {
   return std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec;
 }
 
+// This process's affinity mask into `info.cpus` (all CPUs if unreadable).
+void publish_cpus(RankInfo& info) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const bool known = sched_getaffinity(0, sizeof set, &set) == 0;
+  for (std::size_t w = 0; w < kCpuMaskWords; ++w) {
+    std::uint64_t bits = 0;
+    for (std::size_t b = 0; b < 64; ++b) {
+      const std::size_t cpu = 64 * w + b;
+      if (cpu < CPU_SETSIZE &&
+          (known ? CPU_ISSET(cpu, &set) : cpu < std::thread::hardware_concurrency()))
+        bits |= std::uint64_t{1} << b;
+    }
+    info.cpus[w].store(bits, std::memory_order_relaxed);
+  }
+}
+
 int creator_pid_of(const bip::shared_memory_object& shm, int fd) {
   if (file_size(fd) < kHeaderBytes) return 0;
   try {
@@ -362,6 +380,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     h.creator_pid = getpid();
     h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
     RankArea& me = seg->rank_area(0);
+    publish_cpus(me.info);
     me.info.pid.store(getpid(), std::memory_order_relaxed);
     me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
     me.info.state.store(kRankAttached, std::memory_order_relaxed);
@@ -484,12 +503,23 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         req.rank, req.name, req.rank);
     throw InvalidArgumentError(msg);
   }
+  publish_cpus(me.info);
   me.info.pid.store(getpid(), std::memory_order_relaxed);
   me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
   me.info.state.store(kRankAttached, std::memory_order_release);
   std::uint32_t now_attached = seg->header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (now_attached == static_cast<std::uint32_t>(req.world_size)) seg->unlink_name();
   return seg;
+}
+
+int Segment::job_cpus() {
+  std::uint64_t all[kCpuMaskWords] = {};
+  for (int r = 0; r < world_size_; ++r)
+    for (std::size_t w = 0; w < kCpuMaskWords; ++w)
+      all[w] |= rank_area(r).info.cpus[w].load(std::memory_order_relaxed);
+  int n = 0;
+  for (std::uint64_t word : all) n += __builtin_popcountll(word);
+  return n;
 }
 
 void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) {

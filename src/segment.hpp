@@ -42,6 +42,8 @@ class Segment {
   /// registration completed the set unlinks the name. On timeout, unlinks the
   /// name (so nothing is left behind) and throws TimeoutError.
   void wait_all_attached(std::chrono::steady_clock::time_point deadline);
+  /// CPUs in the union of every rank's affinity mask (after wait_all_attached).
+  int job_cpus();
 
   Header& header() { return *header_; }
   RankArea& rank_area(int r) {

@@ -48,6 +48,8 @@ struct Config {
   double spin_us = 0;              ///< Busy-wait (pause) phase of a wait, microseconds.
   double yield_us = 0;             ///< sched_yield phase after the spin, before futex sleep.
   std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
+  int job_cpus = 0;                ///< CPUs the ranks' affinity masks cover together.
+  bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
   std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
   std::string segment_name;

@@ -215,28 +215,70 @@ TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values"
   CHECK(status[0] == 0);
 }
 
-TEST_CASE("default threads: never more than the CPUs the rank is bound to") {
+TEST_CASE("placement: threads, spin and oversubscription from the ranks' affinity masks") {
+  auto placed = [](int world, int local, int my_cpus, int job_cpus) {
+    Config c;
+    c.world_size = world;
+    c.local_world_size = local;
+    c.threads = 0;
+    c.spin_us = c.yield_us = -1;
+    detail::apply_placement(c, my_cpus, job_cpus);
+    return c;
+  };
+  // Unbound ranks on 16 CPUs share them.
+  Config c = placed(4, 4, 16, 16);
+  CHECK(c.threads == 4);
+  CHECK_FALSE(c.oversubscribed);
+  CHECK(c.spin_us > 0);
+  // One CPU each (shmrun --bind-to core): 1 thread, not oversubscribed.
+  c = placed(16, 16, 1, 16);
+  CHECK(c.threads == 1);
+  CHECK_FALSE(c.oversubscribed);
+  // A whole job of 4 under `taskset -c 0,1`: oversubscribed, no spin.
+  c = placed(4, 4, 2, 2);
+  CHECK(c.threads == 1);
+  CHECK(c.oversubscribed);
+  CHECK(c.spin_us == 0);
+  CHECK(c.yield_us > 0);
+  // Each of 2 ranks with 8 CPUs of its own: 8 threads each.
+  c = placed(2, 2, 8, 16);
+  CHECK(c.threads == 8);
+  // Explicit settings win.
+  Config e;
+  e.world_size = e.local_world_size = 4;
+  e.threads = 3;
+  e.spin_us = 7;
+  e.yield_us = 9;
+  detail::apply_placement(e, 2, 2);
+  CHECK((e.threads == 3 && e.spin_us == 7 && e.yield_us == 9));
+  CHECK(e.oversubscribed);
+}
+
+TEST_CASE("the job's CPUs are the union of every rank's affinity mask") {
   if (std::thread::hardware_concurrency() < 2) {
     MESSAGE("skipped: one CPU");
     return;
   }
-  auto status = test::run_processes(1, [&](int) {
-    clearenv();
-    Options o;
-    o.rank = 0;
-    o.world_size = 1;
-    o.job_id = "threads";
-    Config unbound = detail::resolve_config(o);
-    SHMRING_CHILD_CHECK(unbound.threads == static_cast<int>(std::thread::hardware_concurrency()),
-                        "unbound, 1 local rank: threads %d, want every CPU", unbound.threads);
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(0, &one);
-    SHMRING_CHILD_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity");
-    Config bound = detail::resolve_config(o);
-    SHMRING_CHILD_CHECK(bound.threads == 1, "bound to CPU 0: threads %d, want 1", bound.threads);
-    setenv("SHMRING_THREADS", "3", 1);  // an explicit setting still wins
-    SHMRING_CHILD_CHECK(detail::resolve_config(o).threads == 3, "SHMRING_THREADS ignored");
-  });
-  CHECK(status[0] == 0);
+  // Pinned to CPUs 0 and 1: 2 job CPUs for 2 ranks; both on CPU 0: 1 CPU,
+  // oversubscribed, so waits do not spin.
+  for (bool same_cpu : {false, true}) {
+    const std::string job = test::unique_job_id(same_cpu ? "cpus-same" : "cpus-own");
+    auto status = test::run_processes(2, [&](int r) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(same_cpu ? 0 : r, &one);
+      SHMRING_CHILD_CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "sched_setaffinity");
+      Communicator comm(r, 2, job);
+      const Config& c = comm.config();
+      SHMRING_CHILD_CHECK(c.job_cpus == (same_cpu ? 1 : 2), "rank %d: job_cpus %d", r, c.job_cpus);
+      SHMRING_CHILD_CHECK(c.oversubscribed == same_cpu, "rank %d: oversubscribed %d", r,
+                          static_cast<int>(c.oversubscribed));
+      SHMRING_CHILD_CHECK(c.threads == 1, "rank %d: threads %d", r, c.threads);
+      SHMRING_CHILD_CHECK((c.spin_us == 0) == same_cpu, "rank %d: spin %g", r, c.spin_us);
+      int x = r + 1;
+      comm.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(x == 3, "x=%d", x);
+    });
+    CHECK(test::all_zero(status));
+  }
 }
