@@ -212,13 +212,27 @@ int main(int argc, char** argv) {
       "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 127 if\n"
       "the program cannot be run.");
 
+  // Usage errors look like the launcher's other errors: "shmrun: ...".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("shmrun: {}\nRun 'shmrun --help' for the options.\n", e.what());
+  });
   try {
     app.parse(argc, argv);
     if (list && cleanup) throw CLI::ValidationError("--list and --cleanup: give only one");
     if (!list && !cleanup) {
       spec.command = app.remaining();
-      if (!spec.command.empty() && spec.command.front() == "--")
+      if (!spec.command.empty() && spec.command.front() == "--") {
         spec.command.erase(spec.command.begin());
+      } else if (!spec.command.empty() && spec.command.front().size() > 1 &&
+                 spec.command.front()[0] == '-') {
+        // CLI11 stops at the first word it does not know and hands the rest
+        // to the program; a dash there is a mistyped option, not a program.
+        throw CLI::ParseError(
+            fmt::format("unknown option '{}' (a program whose name starts with '-' goes "
+                        "after --)",
+                        spec.command.front()),
+            2);
+      }
       if (np->count() == 0) throw CLI::RequiredError("-n,--np");
       if (spec.command.empty())
         throw CLI::RequiredError("program (give it after the options, e.g. -- ./prog args)");
@@ -236,6 +250,13 @@ int main(int argc, char** argv) {
   if (slot_bytes > 0) spec.env.emplace_back("SHMRING_SLOT_BYTES", std::to_string(slot_bytes));
   spec.bind_to_core = bind_to == "core";
   spec.cores_per_rank = threads > 0 ? threads : 1;
-  if (spec.job_id.empty()) spec.job_id = random_job_id();
+  if (spec.job_id.empty()) {
+    if (const char* inherited = std::getenv("SHMRING_JOB_ID"); inherited && *inherited)
+      std::fprintf(stderr,
+                   "shmrun: note: SHMRING_JOB_ID=%s in the environment is replaced by a fresh "
+                   "job id; use --job-id to choose one\n",
+                   inherited);
+    spec.job_id = random_job_id();
+  }
   return l::run_job(spec);
 }

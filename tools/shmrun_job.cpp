@@ -35,6 +35,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kNever = Clock::time_point::max();
+// How long the other ranks may run on after one failed, before SIGTERM.
+constexpr auto kFailureLinger = std::chrono::milliseconds(300);
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -191,6 +193,10 @@ class Job {
   int end_signal_ = 0;   // signal that ended the job
   int user_signals_ = 0;
   Clock::time_point kill_at_ = kNever;
+  // After a rank fails, the others get a moment to end on their own: a bad
+  // setting fails on every rank alike, and each should print its error
+  // before the teardown's SIGTERM cuts it off.
+  Clock::time_point term_at_ = kNever;
   Clock::time_point deadline_ = kNever;
   int spawn_exit_ = kExitLaunchFailed;
 };
@@ -351,7 +357,13 @@ bool Job::spawn() {
     do n = ::read(exec_status[r].get(), &e, sizeof e);
     while (n < 0 && errno == EINTR);
     if (n == static_cast<ssize_t>(sizeof e)) {
-      std::fprintf(stderr, "shmrun: rank %d: cannot run '%s': %s\n", r, argv[0], std::strerror(e));
+      const bool searched = std::strchr(argv[0], '/') == nullptr;
+      std::fprintf(stderr, "shmrun: rank %d: cannot run '%s': %s%s%s%s\n", r, argv[0],
+                   std::strerror(e),
+                   searched && e == ENOENT ? " (a name without '/' is looked up on PATH; for a "
+                                             "file in this directory, write ./"
+                                           : "",
+                   searched && e == ENOENT ? argv[0] : "", searched && e == ENOENT ? ")" : "");
       spawn_exit_ = kExitCannotRun;
       return false;
     }
@@ -375,7 +387,7 @@ void Job::on_failure(int rank) {
   if (end_ != End::none) return;
   end_ = End::failure;
   first_rank_ = rank;
-  start_teardown(SIGTERM);
+  term_at_ = Clock::now() + kFailureLinger;
 }
 
 void Job::on_signal(int sig) {
@@ -436,12 +448,16 @@ void Job::supervise() {
                    spec_.timeout_s, alive);
       start_teardown(SIGTERM);
     }
+    if (now >= term_at_) {
+      term_at_ = kNever;
+      if (alive > 0) start_teardown(SIGTERM);
+    }
     if (now >= kill_at_) {
       signal_workers(SIGKILL);
       kill_at_ = kNever;
     }
 
-    auto next = std::min({kill_at_, end_ == End::none ? deadline_ : kNever, drain_until});
+    auto next = std::min({term_at_, kill_at_, end_ == End::none ? deadline_ : kNever, drain_until});
     int timeout_ms = -1;
     if (next != kNever) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();

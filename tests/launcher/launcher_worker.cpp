@@ -154,6 +154,13 @@ int run(int argc, char** argv) {
     std::printf(" cpus=%s launcher_threads=%d\n", cpus.c_str(), thread_count(getppid()));
     return 0;
   }
+  if (mode == "comm") {
+    // A communicator from shmrun's environment and one barrier: a bad
+    // SHMRING_* setting fails here, on every rank alike.
+    shmring::Communicator comm;
+    comm.barrier();
+    return 0;
+  }
   if (mode == "create") {
     shmring::Options o;
     o.rank = 0;

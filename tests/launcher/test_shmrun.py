@@ -333,8 +333,30 @@ def test_usage_errors():
                        timeout=20)
     check(p.returncode == 127, f"missing program: exit status {p.returncode}", p.stderr)
     check(p.stderr.count("cannot run '/nonexistent/prog'") == 1, "one message", p.stderr)
+    p = subprocess.run([SHMRUN, "-n", "2", "--bogus", "--", "true"], capture_output=True,
+                       text=True, timeout=20)
+    check(p.returncode == 2 and "unknown option '--bogus'" in p.stderr,
+          f"an unknown option is a usage error, not the program (status {p.returncode})", p.stderr)
+    check(p.stderr.startswith("shmrun: "), "usage errors start with 'shmrun: '", p.stderr)
+    p = subprocess.run([SHMRUN, "-n", "1", "no-such-program-here"], capture_output=True,
+                       text=True, timeout=20)
+    check(p.returncode == 127 and "PATH" in p.stderr, "a bare name says it was looked up on PATH",
+          p.stderr)
     p = subprocess.run([SHMRUN, "--version"], capture_output=True, text=True, timeout=20)
     check(p.returncode == 0 and p.stdout.startswith("shmrun (shmring) "), "--version", p.stdout)
+
+
+def test_every_rank_reports():
+    """A bad setting fails every rank alike: each prints its error before the
+    teardown (shmrun waits a moment after the first failure), status 1."""
+    jid = job_id()
+    p, elapsed = shmrun(jid, ["-n", "4", "-x", "SHMRING_SLOTS=1"], ["comm"])
+    check(p.returncode == 1, f"exit status {p.returncode}, expected 1", p.stderr)
+    said = {int(m) for m in re.findall(r"launcher_worker: rank (\d+): .*SHMRING_SLOTS='1'",
+                                         p.stderr)}
+    check(said == {0, 1, 2, 3}, f"ranks that printed the error: {sorted(said)}", p.stderr)
+    check(elapsed < 5.0, f"took {elapsed:.2f} s", p.stderr)
+    assert_clean(jid, p.stderr, 4)
 
 
 if __name__ == "__main__":
