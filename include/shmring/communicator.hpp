@@ -1,5 +1,9 @@
 #pragma once
 
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "shmring's C++ API needs C++20 (compile with -std=c++20); C code uses <shmring/shmring.h>"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
