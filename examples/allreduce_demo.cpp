@@ -3,15 +3,33 @@
 //
 //   build/tools/shmrun -n 4 -- build/examples/allreduce_demo [count]
 
+#include <charconv>
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
 #include <shmring/shmring.hpp>
 #include <vector>
 
+namespace {
+
+// The whole of `text` as a non-negative integer, or false.
+bool parse_count(const char* text, std::size_t& out) {
+  const char* end = text + std::strlen(text);
+  auto [ptr, ec] = std::from_chars(text, end, out);
+  return ec == std::errc{} && ptr == end && ptr != text;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  std::size_t count = 1'000'003;
+  if (argc > 2 || (argc == 2 && !parse_count(argv[1], count))) {
+    std::fprintf(stderr,
+                 "usage: allreduce_demo [count]  (count: elements, a non-negative integer; "
+                 "default 1000003)\n       run it under shmrun: shmrun -n 4 -- allreduce_demo\n");
+    return 2;
+  }
   try {
     shmring::Communicator comm;  // rank, size and job id from shmrun
-    const std::size_t count = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1'000'003;
     const int n = comm.size();
     std::vector<double> buf(count);
     for (std::size_t i = 0; i < count; ++i) buf[i] = comm.rank() * 1e6 + static_cast<double>(i);

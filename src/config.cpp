@@ -218,23 +218,24 @@ Config resolve_config(const Options& o) {
   }
   if (!valid_job_id(c.job_id))
     throw InvalidArgumentError(
-        fmt::format("job id '{}': expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id));
+        fmt::format("job id '{}' ({}): expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id,
+                    !o.job_id.empty() ? "Options::job_id" : "SHMRING_JOB_ID or the launcher's"));
 
   c.slots = o.slots ? o.slots
                     : static_cast<std::size_t>(
                           env_int("SHMRING_SLOTS", 2, kMaxSlots).value_or(kDefaultSlots));
   if (c.slots < 2 || c.slots > kMaxSlots)
     throw InvalidArgumentError(
-        fmt::format("slots={}: expected an integer in [2, {}]", c.slots, kMaxSlots));
+        fmt::format("Options::slots={}: expected an integer in [2, {}]", c.slots, kMaxSlots));
   c.slot_bytes =
       o.slot_bytes
           ? o.slot_bytes
           : static_cast<std::size_t>(
                 env_int("SHMRING_SLOT_BYTES", 4096, 1ll << 30).value_or(kDefaultSlotBytes));
   if (c.slot_bytes < 4096 || c.slot_bytes > (1u << 30) || c.slot_bytes % 4096 != 0)
-    throw InvalidArgumentError(fmt::format(
-        "slot bytes={}: expected a multiple of 4096 in [4096, 2^30] (SHMRING_SLOT_BYTES)",
-        c.slot_bytes));
+    throw InvalidArgumentError(
+        fmt::format("{}={}: expected a multiple of 4096 in [4096, 2^30]",
+                    o.slot_bytes ? "Options::slot_bytes" : "SHMRING_SLOT_BYTES", c.slot_bytes));
 
   c.direct_bytes = static_cast<std::size_t>(
       env_int("SHMRING_DIRECT_BYTES", 4096, 1 << 26).value_or(kDefaultDirectBytes));
