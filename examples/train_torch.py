@@ -249,14 +249,16 @@ def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--backend", choices=["shmring", "gloo", "both"], default="shmring",
                     help="both: train with shmring, also time gloo on the same gradients")
-    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                    help="mlp: 784-256-128-10; cnn: two 5x5 conv layers and two linear ones")
+    ap.add_argument("--epochs", type=int, default=1, help="passes over the 60000 training images")
     ap.add_argument("--batch-size", type=int, default=256, help="global batch, all ranks")
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     ap.add_argument("--bucket-mb", type=float, default=0.0,
                     help="gradient bucket size in MiB; 0 = one flat buffer")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
@@ -327,14 +329,24 @@ def main():
             step += 1
             if rank == 0 and (step % args.log_every == 0 or step == 1):
                 acc = (out.argmax(1) == y).float().mean().item()
-                log(f"epoch {epoch} step {step:5d}  loss {loss.item():.4f}  batch acc {acc:.3f}  "
-                    f"allreduce {ar * 1e3:8.3f} ms (cpu {cpu * 1e3:7.3f})  wait {wait * 1e3:7.3f} ms  step {step_times[-1] * 1e3:8.2f} ms",
-                    flush=True)
+                head = (f"epoch {epoch + 1}/{args.epochs} step {step:5d}  loss {loss.item():.4f}  "
+                        f"batch acc {acc:.3f}  ")
+                if gloo is not None:
+                    log(head + f"allreduce: shmring {ar * 1e3:7.3f} ms, gloo "
+                        f"{gloo_times[-1] * 1e3:7.3f} ms  step {step_times[-1] * 1e3:8.2f} ms",
+                        flush=True)
+                else:
+                    # cpu: CPU time this process spent in the allreduce; wait:
+                    # time lining the ranks up before it (the slowest rank).
+                    log(head + f"allreduce {ar * 1e3:8.3f} ms (cpu {cpu * 1e3:7.3f})  "
+                        f"wait {wait * 1e3:7.3f} ms  step {step_times[-1] * 1e3:8.2f} ms",
+                        flush=True)
             if args.max_steps and step >= args.max_steps:
                 done = True
                 break
         test_loss, test_acc = evaluate(model, backend, test_x, test_y, rank, world_size)
-        log(f"epoch {epoch} done: test loss {test_loss:.4f}  test accuracy {test_acc:.4f}",
+        log(f"epoch {epoch + 1}/{args.epochs} done: test loss {test_loss:.4f}  "
+            f"test accuracy {test_acc:.4f}",
             flush=True)
         if done:
             break
@@ -353,7 +365,8 @@ def main():
         gloo_ms = ms(gloo_times)
         mean_s, mean_g = statistics.mean(ar_ms), statistics.mean(gloo_ms)
         med_s, med_g = statistics.median(ar_ms), statistics.median(gloo_ms)
-        log(f"allreduce per step over {len(ar_ms)} steps, {world_size} ranks, "
+        log(f"allreduce per step over {len(ar_ms)} steps (the first {step - len(ar_ms)} left out: "
+            f"--warmup), {world_size} ranks, "
             f"{sum(b.numel() for b in buckets.buffers) * 4 / 2**20:.2f} MiB of float32 gradients:")
         log(f"  {'':8} {'mean ms':>9} {'median ms':>10}")
         log(f"  {'shmring':8} {mean_s:9.3f} {med_s:10.3f}")
