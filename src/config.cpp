@@ -262,16 +262,18 @@ Config resolve_config(const Options& o) {
   // Negative = automatic (apply_placement()).
   c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(-1);
   c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(-1);
-  if (auto v = env_string("SHMRING_NT_STORES")) {
-    if (*v == "auto")
+  if (auto raw = env_string("SHMRING_NT_STORES")) {
+    std::string v = *raw;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (v == "auto")
       c.nt_stores = NtStores::automatic;
-    else if (*v == "0")
+    else if (v == "0" || v == "never")
       c.nt_stores = NtStores::never;
-    else if (*v == "1")
+    else if (v == "1" || v == "always")
       c.nt_stores = NtStores::always;
     else
       throw InvalidArgumentError(
-          fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 (never) or 1 (always)", *v));
+          fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 or never, 1 or always", *raw));
   }
   return c;
 }

@@ -225,15 +225,23 @@ void publish_cpus(RankInfo& info) {
   }
 }
 
+// The creator pid recorded in a segment's header; 0 when there is no header
+// of ours to read it from (a file cut short or of another layout: its bytes
+// at that offset would be noise, not a pid).
 int creator_pid_of(const bip::shared_memory_object& shm, int fd) {
   if (file_size(fd) < kHeaderBytes) return 0;
   try {
     bip::mapped_region hr(shm, bip::read_only, 0, kHeaderBytes);
-    return read_field<std::int32_t>(static_cast<const std::byte*>(hr.get_address()),
-                                    offsetof(Header, creator_pid));
+    const auto* base = static_cast<const std::byte*>(hr.get_address());
+    if (read_field<std::uint64_t>(base, offsetof(Header, magic)) != kMagic) return 0;
+    return read_field<std::int32_t>(base, offsetof(Header, creator_pid));
   } catch (const bip::interprocess_exception&) {
     return 0;
   }
+}
+
+std::string pid_text(int pid) {
+  return pid > 0 ? fmt::format("pid {}", pid) : std::string("pid unknown");
 }
 
 // Writes `msg` as the job's abort reason if none is recorded yet, so that the
@@ -296,9 +304,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
               req.name, [pid = creator_pid_of(old, ofd)] {
                 return pid > 0 ? fmt::format("pid {}", pid) : std::string("still starting up");
               }()));
-        SHMRING_LOG(warn,
-                    "removing stale shared memory segment '{}' (its creator, pid {}, is dead)",
-                    req.name, creator_pid_of(old, ofd));
+        SHMRING_LOG(warn, "removing stale shared memory segment '{}' (its creator, {}, is dead)",
+                    req.name, pid_text(creator_pid_of(old, ofd)));
         unlink_if_same(req.name, ofd);
       } catch (const bip::interprocess_exception& e) {
         // Vanished meanwhile: retry the create. Anything else is an error.
@@ -415,8 +422,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   auto rank0_died = [&](int pid, int fd) {
     unlink_if_same(req.name, fd);
     return PeerFailureError(fmt::format(
-        "rank {}: rank 0 (pid {}) died while creating segment '{}', before every rank attached",
-        req.rank, pid, req.name));
+        "rank {}: rank 0 ({}) died while creating segment '{}', before every rank attached",
+        req.rank, pid_text(pid), req.name));
   };
   for (;;) {
     if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
@@ -441,9 +448,9 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       if (Clock::now() >= req.deadline) {
         bool removed = !lock_held(fd, 0) && unlink_if_same(req.name, fd);
         throw timed_out("a live rank 0",
-                        fmt::format("; a stale segment of that name (creator pid {}, dead) was "
+                        fmt::format("; a stale segment of that name (creator {}, dead) was "
                                     "there all along{}",
-                                    pid, removed ? " and has been removed" : ""));
+                                    pid_text(pid), removed ? " and has been removed" : ""));
       }
       m.shm = bip::shared_memory_object();
       sleep_backoff(it);
