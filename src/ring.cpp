@@ -80,8 +80,9 @@ struct RingPass {
     const std::size_t mine = s.begin - chunk(r).begin;
     std::byte* out = out_mine + mine * esize;
     const std::byte* src = c.wait_recv_slot();
-    // Reduce into the output (src may alias it only when in == out), then
-    // forward from there: the slot is written by one streaming copy.
+    // Reduce into the output (in place, `in` is that very range, which the
+    // kernels allow), then forward from there: the slot gets one copy, which
+    // copy_to_slot may stream.
     if (op == ReduceOp::avg)
       c.reduce(out, src, in + s.begin * esize, s.count, dtype, ReduceOp::avg, n);
     else
