@@ -285,21 +285,36 @@ void Communicator::Impl::reduce(void* dst, const void* a, const void* b, std::si
   });
 }
 
-void Communicator::Impl::copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
+namespace {
+
+// Runs copy_fn(dst + off, src + off, n) over [0, bytes): on the calling thread
+// when there is no arena or the copy is small, else in 64 KiB grains across
+// the rank's arena (each grain's stores complete before the arena joins).
+template <class CopyFn>
+void copy_in_grains(tbb::task_arena* arena, void* dst, const void* src, std::size_t bytes,
+                    CopyFn copy_fn) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
   if (!arena || bytes < kParallelMinBytes) {
-    std::memcpy(dst, src, bytes);
+    copy_fn(d, s, bytes);
     return;
   }
   arena->execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<std::size_t>(0, bytes, kGrainBytes),
         [&](const tbb::blocked_range<std::size_t>& r) {
-          std::memcpy(static_cast<std::byte*>(dst) + r.begin(),
-                      static_cast<const std::byte*>(src) + r.begin(), r.size());
+          copy_fn(d + r.begin(), s + r.begin(), r.size());
         },
         tbb::static_partitioner());
   });
+}
+
+}  // namespace
+
+void Communicator::Impl::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  copy_in_grains(arena.get(), dst, src, bytes,
+                 [](std::byte* d, const std::byte* s, std::size_t n) { std::memcpy(d, s, n); });
 }
 
 void Communicator::Impl::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
@@ -317,20 +332,12 @@ void Communicator::Impl::copy_to_slot(std::byte* slot, const void* src, std::siz
     copy(slot, src, bytes);
     return;
   }
-  if (!arena || bytes < kParallelMinBytes) {
-    detail::copy_streaming(slot, src, bytes);
-    return;
-  }
-  // Each task fences its own streaming stores before the arena joins.
-  arena->execute([&] {
-    tbb::parallel_for(
-        tbb::blocked_range<std::size_t>(0, bytes, kGrainBytes),
-        [&](const tbb::blocked_range<std::size_t>& r) {
-          detail::copy_streaming(slot + r.begin(), static_cast<const std::byte*>(src) + r.begin(),
-                                 r.size());
-        },
-        tbb::static_partitioner());
-  });
+  if (bytes == 0) return;
+  // copy_streaming fences its own stores, so each grain's are visible before
+  // the arena joins and publish_send()'s release store follows.
+  copy_in_grains(
+      arena.get(), slot, src, bytes,
+      [](std::byte* d, const std::byte* s, std::size_t n) { detail::copy_streaming(d, s, n); });
 }
 
 // ---------------------------------------------------------------------------
