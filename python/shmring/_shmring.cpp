@@ -512,7 +512,7 @@ py::dict config_dict(const Config& c) {
 }  // namespace
 }  // namespace shmring::python
 
-PYBIND11_MODULE(shmring, m) {
+PYBIND11_MODULE(_shmring, m) {
   using namespace shmring;
   using namespace shmring::python;
   m.doc() =
