@@ -11,6 +11,7 @@
 #include <string>
 
 #include "layout.hpp"
+#include "placement.hpp"
 #include "segment.hpp"
 #include "shmring/communicator.hpp"
 #include "wait.hpp"
@@ -51,6 +52,8 @@ struct Communicator::Impl {
   std::unique_ptr<detail::Segment> seg;
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
   detail::WaitPolicy wait_policy;
+  detail::Unstacker unstacker;
+  int published_cpu = -1;  // what my RankInfo::cpu says
   int rank = 0, size = 1, left = 0, right = 0;
 
   // Ring edge state, all in slices (never reset, like the shared counters).
@@ -74,8 +77,13 @@ struct Communicator::Impl {
   /// awaited, for the message.
   void check_progress(int peer, const char* what, std::chrono::steady_clock::time_point deadline,
                       const detail::Counter& counter, std::uint64_t target);
-  /// Waits until `counter` (owned by `peer`) reaches `target`.
+  /// Waits until `counter` (owned by `peer`) reaches `target`. A wait that
+  /// does not succeed at once first makes sure we do not sit on `peer`'s
+  /// CPU (placement.hpp).
   void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
+  /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
+  /// CPU of the job if it can. Returns false when we stay on peer's CPU.
+  bool keep_off_cpu_of(int peer);
 
   // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.

@@ -14,6 +14,7 @@
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 #include "log.hpp"
+#include "placement.hpp"
 #include "shmring/version.hpp"
 
 namespace shmring {
@@ -92,13 +93,36 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
   }
 }
 
+bool Communicator::Impl::keep_off_cpu_of(int peer) {
+  int cpu = detail::current_cpu();
+  if (cpu != published_cpu) {
+    my_area().info.cpu.store(cpu, std::memory_order_relaxed);
+    published_cpu = cpu;
+  }
+  if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
+  int moved = unstacker.move_off(cpu, [&](int c) {
+    for (int r = 0; r < size; ++r)
+      if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
+    return false;
+  });
+  if (moved < 0) return false;
+  my_area().info.cpu.store(moved, std::memory_order_relaxed);
+  published_cpu = moved;
+  return true;
+}
+
 void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                                       const char* what) {
+  if (counter.value.load(std::memory_order_acquire) >= target) return;
+  // Spinning only pays while the peer runs on a CPU of its own; on ours it
+  // would only delay the peer (placement.hpp).
+  detail::WaitPolicy policy = wait_policy;
+  if (!config.oversubscribed && !keep_off_cpu_of(peer)) policy.spin_ns = 0;
   // The deadline bounds each wait, not the whole collective: a huge buffer
   // may take longer than SHMRING_TIMEOUT while every step makes progress.
   // It starts at the first slow check, after the spin and yield phases.
   std::optional<Clock::time_point> wait_deadline;
-  detail::wait_at_least(counter, target, wait_policy, [&] {
+  detail::wait_at_least(counter, target, policy, [&] {
     if (!wait_deadline) wait_deadline = deadline();
     check_progress(peer, what, *wait_deadline, counter, target);
   });
@@ -384,19 +408,21 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
   c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
   if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
+  c.unstacker = detail::Unstacker(cfg.migrate);
 
   SHMRING_LOG(
       info,
       "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
       "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
-      "yield={}us nt_stores={} ({}) job_cpus={}{}",
+      "yield={}us nt_stores={} ({}) migrate={} job_cpus={}{}",
       SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
       cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
       cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
       cfg.nt_stores == NtStores::automatic ? "auto"
       : cfg.nt_stores == NtStores::always  ? "always"
                                            : "never",
-      detail::copy_streaming_isa(), cfg.job_cpus, cfg.oversubscribed ? " (oversubscribed)" : "");
+      detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus,
+      cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() = default;

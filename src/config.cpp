@@ -275,6 +275,7 @@ Config resolve_config(const Options& o) {
       throw InvalidArgumentError(
           fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 or never, 1 or always", *raw));
   }
+  if (auto m = env_int("SHMRING_MIGRATE", 0, 1)) c.migrate = *m != 0;
   return c;
 }
 

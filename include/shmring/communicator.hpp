@@ -56,6 +56,9 @@ struct Config {
   bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
   std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
+  /// SHMRING_MIGRATE: a rank whose wait finds the awaited peer on its own CPU
+  /// moves to a CPU of its mask that no rank occupies (default on).
+  bool migrate = true;
   std::string segment_name;
   std::size_t segment_bytes = 0;
 };
