@@ -222,7 +222,7 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
   app.add_option("-c,--check", o.check, "Check the result (0: no, 1: yes)")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
-  app.add_option("-a,--algorithm", o.algorithm, "Algorithm (auto, ring, direct)")
+  app.add_option("-a,--algorithm", o.algorithm, "Algorithm (auto, ring, direct, two_shot)")
       ->capture_default_str();
   app.add_flag("-I,--vary", o.vary,
                "Rotate through buffers that together exceed the caches (cache-cold data)");

@@ -32,8 +32,9 @@ const char* to_string(CollectiveKind k);
 
 /// Which protocol moves a collective's data (published in the descriptor).
 enum class Algorithm : std::uint32_t {
-  ring = 1,    ///< pipelined slices around the ring (large messages)
-  direct = 2,  ///< one-shot: every rank publishes its data once, readers take it (small)
+  ring = 1,      ///< pipelined slices around the ring (large messages)
+  direct = 2,    ///< one-shot: every rank publishes its data once, readers take it (small)
+  two_shot = 3,  ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
 };
 const char* to_string(Algorithm a);
 
@@ -171,6 +172,8 @@ void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, Da
 void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                    DataType dtype, ReduceOp op, int root);
 void barrier_direct(Communicator::Impl& c);
+void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                        DataType dtype, ReduceOp op);
 }  // namespace algo
 
 }  // namespace shmring

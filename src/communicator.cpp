@@ -22,7 +22,15 @@ namespace shmring {
 using detail::Clock;
 
 const char* to_string(Algorithm a) {
-  return a == Algorithm::direct ? "direct" : "ring";
+  switch (a) {
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::direct:
+      return "direct";
+    case Algorithm::two_shot:
+      return "two-shot";
+  }
+  return "unknown";
 }
 
 const char* to_string(CollectiveKind k) {
@@ -158,6 +166,8 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   if (kind == CollectiveKind::barrier) return Algorithm::direct;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (config.algorithm == "ring") return Algorithm::ring;
+  if (config.algorithm == "two_shot" && kind == CollectiveKind::allreduce)
+    return Algorithm::two_shot;
   if (config.algorithm == "direct") return Algorithm::direct;
   if (kind == CollectiveKind::allreduce) {
     // Measured crossovers (allreduce_perf, SHMRING_ALGO=direct|ring, float32;
@@ -563,6 +573,8 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
   } else if (a == Algorithm::direct) {
     algo::allreduce_direct(c, send, recv, count, dtype, op);
+  } else if (a == Algorithm::two_shot) {
+    algo::allreduce_two_shot(c, send, recv, count, dtype, op);
   } else {
     algo::allreduce_ring(c, send, recv, count, dtype, op);
   }

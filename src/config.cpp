@@ -245,9 +245,10 @@ Config resolve_config(const Options& o) {
   if (auto a = env_string("SHMRING_ALGO")) {
     std::string v = *a;
     for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (v != "ring" && v != "direct" && v != "auto")
+    if (v == "two-shot" || v == "twoshot") v = "two_shot";
+    if (v != "ring" && v != "direct" && v != "two_shot" && v != "auto")
       throw InvalidArgumentError(
-          fmt::format("SHMRING_ALGO='{}': expected ring, direct or auto", *a));
+          fmt::format("SHMRING_ALGO='{}': expected ring, direct, two_shot or auto", *a));
     c.algorithm = v;
   }
 

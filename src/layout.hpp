@@ -90,6 +90,7 @@ struct RankArea {
   Counter consumed;   // slices of its left neighbour it has finished reading
   Counter announced;  // collectives whose descriptor (and direct data) is published
   Counter done;       // collectives this rank has finished
+  Counter reduced;    // two-shot: collectives whose reduced chunk this rank published
   RankInfo info;
   Descriptor desc[kDescRing];
 };

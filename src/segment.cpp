@@ -107,6 +107,7 @@ bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
     wake(seg.rank_area(r).consumed);
     wake(seg.rank_area(r).announced);
     wake(seg.rank_area(r).done);
+    wake(seg.rank_area(r).reduced);
   }
   return won;
 }
