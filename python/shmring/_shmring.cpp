@@ -611,6 +611,7 @@ py::dict config_dict(const Config& c) {
   d["oversubscribed"] = c.oversubscribed;
   d["segment_name"] = c.segment_name;
   d["segment_bytes"] = c.segment_bytes;
+  d["progress_cpu"] = c.progress_cpu;
   return d;
 }
 

@@ -482,3 +482,33 @@ TEST_CASE("a forked child cannot use its parent's requests or engine, and does n
   });
   CHECK(test::all_zero(st));
 }
+
+TEST_CASE("abort() from another thread ends a request waiting for a peer that never comes") {
+  auto st = test::run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    if (comm.rank() == 0) {
+      Request req =
+          comm.iallreduce(buf.data(), buf.data(), buf.size(), DataType::float32, ReduceOp::sum);
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        comm.abort("test abort");
+      });
+      auto t0 = Clock::now();
+      std::string what;
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { req.wait(); }, &what), "no AbortedError");
+      aborter.join();
+      SHMRING_CHILD_CHECK(what.find("test abort") != std::string::npos, "message: %s",
+                          what.c_str());
+      SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] {
+                            comm.iallreduce(buf.data(), buf.data(), buf.size(), DataType::float32,
+                                            ReduceOp::sum)
+                                .wait();
+                          }),
+                          "rank 1 not aborted");
+    }
+  });
+  CHECK(test::all_zero(st));
+}
