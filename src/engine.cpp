@@ -181,22 +181,38 @@ void Engine::run_one(const Op& op) {
   }
 }
 
+// The caller's turn to run a collective itself: holds `running_` from
+// construction (under the caller's lock, which it releases) to destruction.
+class Engine::InlineTurn {
+ public:
+  InlineTurn(Engine& e, std::unique_lock<std::mutex>& lock) : e_(e) {
+    e_.running_ = true;
+    lock.unlock();
+  }
+  ~InlineTurn() {
+    bool queued;
+    {
+      std::lock_guard l(e_.mutex_);
+      e_.running_ = false;
+      queued = !e_.queue_.empty();
+    }
+    // A call queued meanwhile (by another thread) may run now. Otherwise the
+    // idle progress thread is left asleep: no wake-up per blocking call.
+    if (queued) e_.cv_.notify_all();
+  }
+  InlineTurn(const InlineTurn&) = delete;
+  InlineTurn& operator=(const InlineTurn&) = delete;
+
+ private:
+  Engine& e_;
+};
+
 void Engine::execute(const Op& op) {
   check_owner();
   std::unique_lock lock(mutex_);
   if (!running_ && queue_.empty()) {
     // Nothing pending: run on the caller, as before the engine existed.
-    running_ = true;
-    lock.unlock();
-    struct Release {
-      Engine& e;
-      ~Release() {
-        std::lock_guard l(e.mutex_);
-        e.running_ = false;
-        // A call queued meanwhile (by another thread) may now run.
-        if (!e.queue_.empty()) e.cv_.notify_all();
-      }
-    } release{*this};
+    InlineTurn turn(*this, lock);
     run_one(op);
     return;
   }
@@ -226,7 +242,7 @@ void Engine::reject(const InvalidArgumentError& e) {
   check_owner();
   std::unique_lock lock(mutex_);
   if (!running_ && queue_.empty()) {
-    lock.unlock();
+    InlineTurn turn(*this, lock);
     c_.reject_call(e);  // publishes inline; throws
   }
   // Behind pending requests: the marker publishes "invalid call" when its

@@ -49,6 +49,7 @@ class Engine {
     Op op;
     std::shared_ptr<RequestState> state;  // null for a rejected call's marker
   };
+  class InlineTurn;
   void check_owner() const;
   void enqueue(Item item);
   void loop();
