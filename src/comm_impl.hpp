@@ -4,6 +4,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -48,7 +49,23 @@ struct CollectiveDesc {
   Algorithm algorithm = Algorithm::ring;
 };
 
+/// One collective call, as the front (argument checks, descriptor, choice
+/// of algorithm; communicator.cpp) hands it to the engine (Impl::run,
+/// engine.cpp), which runs it on the caller's thread or on the progress
+/// thread. Buffers are the caller's; the engine borrows them until done.
+struct Op {
+  CollectiveDesc desc;  ///< kind invalid: a rejected call (publishes "invalid call")
+  const void* send = nullptr;
+  void* recv = nullptr;   ///< broadcast: the buffer
+  std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
+};
+
+namespace detail {
+class Engine;
+}
+
 struct Communicator::Impl {
+  ~Impl();  // engine.cpp: stops the progress thread before anything else goes
   Config config;
   std::unique_ptr<detail::Segment> seg;
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
@@ -131,6 +148,27 @@ struct Communicator::Impl {
   [[noreturn]] void fail(const Error& e);
 
   std::string describe(const CollectiveDesc& d) const;
+
+  // ---- Engine (engine.cpp). Front functions call execute/submit/reject;
+  // only run() touches the protocol state above, on one thread at a time. ----
+  /// Runs one collective (begin, algo::*, end) on the calling thread.
+  void run(const Op& op);
+  /// A blocking call: inline when nothing is pending, else queued and awaited.
+  void execute(const Op& op);
+  /// A non-blocking call: queued for the progress thread (started now if needed).
+  Request submit(const Op& op);
+  /// A call whose arguments were refused: tells the peers in call order
+  /// (inline, or as a queued marker), then throws `e` on this thread.
+  [[noreturn]] void reject(const InvalidArgumentError& e);
+  /// Publishes an "invalid call" descriptor for collective #collectives and
+  /// ends it (nothing when the communicator is broken).
+  void publish_rejected();
+  /// Collectives completed (mirror of `collectives` readable from any thread).
+  std::atomic<std::uint64_t> completed{0};
+  /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.
+  int progress_cpu = -1;
+  /// Null until the first non-blocking call. Last member: destroyed first.
+  std::unique_ptr<detail::Engine> engine;
 
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,

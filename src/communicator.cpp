@@ -11,6 +11,7 @@
 
 #include "comm_impl.hpp"
 #include "config.hpp"
+#include "engine.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 #include "log.hpp"
@@ -278,6 +279,7 @@ void Communicator::Impl::check_descriptor(int peer) {
 void Communicator::Impl::end() {
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
+  completed.store(collectives, std::memory_order_relaxed);
   current.reset();
   step = -1;
 }
@@ -392,6 +394,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.config = detail::resolve_config(options);
   Config& cfg = c.config;
   detail::set_log_rank(cfg.rank);
+  // Checked before attaching, so that a bad value fails alone, at once.
+  cfg.progress_cpu = c.progress_cpu = detail::progress_cpu_from_env(cfg.rank);
   c.rank = cfg.rank;
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;
@@ -435,7 +439,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
       cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() = default;  // Impl::~Impl drains and joins the engine
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
@@ -455,7 +459,7 @@ const Config& Communicator::config() const noexcept {
   return impl_->config;
 }
 std::uint64_t Communicator::collective_count() const noexcept {
-  return impl_->collectives;
+  return impl_->completed.load(std::memory_order_relaxed);
 }
 
 void Communicator::abort(const std::string& reason) {
@@ -531,6 +535,12 @@ void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
   if (broken)
     throw AbortedError(
         fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank, *broken));
+  publish_rejected();
+  throw e;
+}
+
+void Communicator::Impl::publish_rejected() {
+  if (broken) return;  // the peers hear of the first error instead
   // Peers that called this collective correctly must not wait for us: our
   // descriptor says "invalid call", which they report as a mismatch. When
   // every rank rejects the same call, nobody waits and the communicator
@@ -542,7 +552,6 @@ void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
     announce();
   }
   end();
-  throw e;
 }
 
 template <class F>
@@ -550,13 +559,18 @@ void Communicator::Impl::validated(F&& checks) {
   try {
     checks();
   } catch (const InvalidArgumentError& e) {
-    reject_call(e);
+    reject(e);  // in call order: inline, or queued behind pending requests
   }
 }
 
-void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                             ReduceOp op) {
-  Impl& c = *impl_;
+// ---- Front: argument checks and descriptors. Each make_* validates on the
+// caller's thread (a refused call is published in order by reject()) and
+// returns the Op that the engine runs, blocking or not (engine.cpp). ----
+
+namespace {
+
+Op make_allreduce(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                  DataType dtype, ReduceOp op) {
   const char* what = "allreduce";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -568,22 +582,11 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
   });
   Algorithm a = c.choose(CollectiveKind::allreduce, bytes);
-  c.begin({CollectiveKind::allreduce, count, dtype, op, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::allreduce_direct(c, send, recv, count, dtype, op);
-  } else if (a == Algorithm::two_shot) {
-    algo::allreduce_two_shot(c, send, recv, count, dtype, op);
-  } else {
-    algo::allreduce_ring(c, send, recv, count, dtype, op);
-  }
-  c.end();
+  return {{CollectiveKind::allreduce, count, dtype, op, -1, a}, send, recv, bytes};
 }
 
-void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
-                                  DataType dtype, ReduceOp op) {
-  Impl& c = *impl_;
+Op make_reduce_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t recv_count,
+                       DataType dtype, ReduceOp op) {
   const char* what = "reduce_scatter";
   std::size_t bytes = 0, send_bytes = 0;
   c.validated([&] {
@@ -598,19 +601,11 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
                    "recv == send + rank * recv_count");
   });
   Algorithm a = c.choose(CollectiveKind::reduce_scatter, send_bytes);
-  c.begin({CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::reduce_scatter_direct(c, send, recv, recv_count, dtype, op);
-  } else {
-    algo::reduce_scatter_ring(c, send, recv, recv_count, dtype, op);
-  }
-  c.end();
+  return {{CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a}, send, recv, bytes};
 }
 
-void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
-  Impl& c = *impl_;
+Op make_allgather(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                  DataType dtype) {
   const char* what = "allgather";
   std::size_t bytes = 0, recv_bytes = 0;
   c.validated([&] {
@@ -624,19 +619,11 @@ void Communicator::allgather(const void* send, void* recv, std::size_t send_coun
                    "send == recv + rank * send_count");
   });
   Algorithm a = c.choose(CollectiveKind::allgather, bytes);
-  c.begin({CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::allgather_direct(c, send, recv, send_count, dtype);
-  } else {
-    algo::allgather_ring(c, send, recv, send_count, dtype);
-  }
-  c.end();
+  return {{CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a}, send, recv, bytes};
 }
 
-void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
-  Impl& c = *impl_;
+Op make_broadcast(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                  int root) {
   const char* what = "broadcast";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -646,19 +633,11 @@ void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, in
     check_pointer(c, what, "buffer", buffer, bytes);
   });
   Algorithm a = c.choose(CollectiveKind::broadcast, bytes);
-  c.begin({CollectiveKind::broadcast, count, dtype, ReduceOp::sum, root, a});
-  if (c.size > 1) {
-    if (a == Algorithm::direct)
-      algo::broadcast_direct(c, buffer, count, dtype, root);
-    else
-      algo::broadcast_chain(c, buffer, count, dtype, root);
-  }
-  c.end();
+  return {{CollectiveKind::broadcast, count, dtype, ReduceOp::sum, root, a}, buffer, buffer, bytes};
 }
 
-void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                          ReduceOp op, int root) {
-  Impl& c = *impl_;
+Op make_reduce(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+               DataType dtype, ReduceOp op, int root) {
   const char* what = "reduce";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -673,22 +652,58 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
     }
   });
   Algorithm a = c.choose(CollectiveKind::reduce, bytes);
-  c.begin({CollectiveKind::reduce, count, dtype, op, root, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::reduce_direct(c, send, recv, count, dtype, op, root);
-  } else {
-    algo::reduce_chain(c, send, recv, count, dtype, op, root);
-  }
-  c.end();
+  return {{CollectiveKind::reduce, count, dtype, op, root, a}, send, recv, bytes};
 }
 
+Op make_barrier() {
+  return {{CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct}};
+}
+
+}  // namespace
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                             ReduceOp op) {
+  impl_->execute(make_allreduce(*impl_, send, recv, count, dtype, op));
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                  DataType dtype, ReduceOp op) {
+  impl_->execute(make_reduce_scatter(*impl_, send, recv, recv_count, dtype, op));
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
+  impl_->execute(make_allgather(*impl_, send, recv, send_count, dtype));
+}
+void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
+  impl_->execute(make_broadcast(*impl_, buffer, count, dtype, root));
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                          ReduceOp op, int root) {
+  impl_->execute(make_reduce(*impl_, send, recv, count, dtype, op, root));
+}
 void Communicator::barrier() {
-  Impl& c = *impl_;
-  c.begin({CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct});
-  if (c.size > 1) algo::barrier_direct(c);
-  c.end();
+  impl_->execute(make_barrier());
+}
+
+Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                                 ReduceOp op) {
+  return impl_->submit(make_allreduce(*impl_, send, recv, count, dtype, op));
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                      DataType dtype, ReduceOp op) {
+  return impl_->submit(make_reduce_scatter(*impl_, send, recv, recv_count, dtype, op));
+}
+Request Communicator::iallgather(const void* send, void* recv, std::size_t send_count,
+                                 DataType dtype) {
+  return impl_->submit(make_allgather(*impl_, send, recv, send_count, dtype));
+}
+Request Communicator::ibroadcast(void* buffer, std::size_t count, DataType dtype, int root) {
+  return impl_->submit(make_broadcast(*impl_, buffer, count, dtype, root));
+}
+Request Communicator::ireduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                              ReduceOp op, int root) {
+  return impl_->submit(make_reduce(*impl_, send, recv, count, dtype, op, root));
+}
+Request Communicator::ibarrier() {
+  return impl_->submit(make_barrier());
 }
 
 Communicator Communicator::split(int color, int key) {

@@ -105,7 +105,7 @@ bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
   for (int r = 0; r < world_size; ++r) {
     wake(seg.rank_area(r).produced);
     wake(seg.rank_area(r).consumed);
-    wake(seg.rank_area(r).announced);
+    wake(seg.rank_area(r).announced);  // a progress thread may sleep on these too
     wake(seg.rank_area(r).done);
     wake(seg.rank_area(r).reduced);
   }
