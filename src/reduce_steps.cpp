@@ -13,13 +13,16 @@ namespace shmring::algo {
 
 namespace {
 
-// As Communicator::Impl::reduce: below this many bytes of 16-bit input a
-// step runs on the calling thread; above, in grains across the arena.
+// As Communicator::Impl::reduce: below this many bytes a step runs on the
+// calling thread; above, in grains of about 64 KiB across the arena. The
+// 16-bit steps count every byte they touch (float64 partials are 4x their
+// elements), so a ring slice of slot_bytes / 8 elements still splits.
 constexpr std::size_t kParallelMinBytes = 256 * 1024;
-constexpr std::size_t kGrainElems = 16 * 1024;
+constexpr std::size_t kGrainBytes = 64 * 1024;
 // The direct path's float64 accumulator block: 16 KiB, stays in L1.
 constexpr std::size_t kBlockElems = 2048;
 
+// Runs f(begin, count) over [0, m) elements of `elem_bytes` bytes each.
 template <class F>
 void for_grains(Communicator::Impl& c, std::size_t m, std::size_t elem_bytes, F f) {
   if (!c.arena || m * elem_bytes < kParallelMinBytes) {
@@ -28,7 +31,7 @@ void for_grains(Communicator::Impl& c, std::size_t m, std::size_t elem_bytes, F 
   }
   c.arena->execute([&] {
     tbb::parallel_for(
-        tbb::blocked_range<std::size_t>(0, m, kGrainElems),
+        tbb::blocked_range<std::size_t>(0, m, std::max<std::size_t>(1, kGrainBytes / elem_bytes)),
         [&](const tbb::blocked_range<std::size_t>& r) { f(r.begin(), r.size()); },
         tbb::static_partitioner());
   });
@@ -51,7 +54,7 @@ void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, b
     return;
   }
   const std::size_t src_es = src_partial ? detail::kWideBytes : 2;
-  for_grains(c, m, 2, [&](std::size_t i, std::size_t k) {
+  for_grains(c, m, src_es + 2 + detail::kWideBytes, [&](std::size_t i, std::size_t k) {
     detail::reduce_to_wide(dst + i * detail::kWideBytes, src + i * src_es, src_partial, in + i * 2,
                            k, dtype, op);
   });
@@ -65,7 +68,7 @@ void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, boo
     return;
   }
   const std::size_t src_es = src_partial ? detail::kWideBytes : 2;
-  for_grains(c, m, 2, [&](std::size_t i, std::size_t k) {
+  for_grains(c, m, src_es + 2 + 2, [&](std::size_t i, std::size_t k) {
     detail::reduce_to_narrow(out + i * 2, src + i * src_es, src_partial, in + i * 2, k, dtype, op,
                              divisor);
   });

@@ -215,7 +215,6 @@ std::uint16_t reference(DataType t, ReduceOp op, std::uint64_t seed, int n, std:
   return encode16(t, acc);
 }
 
-
 // Runs fn(comm) on n ranks with SHMRING_ALGO = algo (nullptr: unset) set in
 // each child before its communicator exists. slot_bytes 0: the default.
 void run(int n, const char* algo, const std::function<void(Communicator&)>& fn,
@@ -238,8 +237,8 @@ void run(int n, const char* algo, const std::function<void(Communicator&)>& fn,
       },
       300);
   for (int r = 0; r < n; ++r)
-    CHECK_MESSAGE(status[r] == 0, "N=", n, " algo=", std::string(algo ? algo : "unset"),
-                  ": rank ", r, " status ", status[r]);
+    CHECK_MESSAGE(status[r] == 0, "N=", n, " algo=", std::string(algo ? algo : "unset"), ": rank ",
+                  r, " status ", status[r]);
 }
 
 // Checks got[j] == reference(global index first + j) for j < count.
@@ -407,6 +406,18 @@ TEST_CASE(
 
 TEST_CASE("random mixes, default algorithm choice and slots, N=4, a count past the direct buffer") {
   run(4, nullptr, [](Communicator& comm) { check_random_mixes(comm, 40000, 300); });
+}
+
+TEST_CASE("random mixes with 2 reduction threads per rank (oneTBB grains), ring and direct, N=3") {
+  // Chunks of 46667 elements: full 32768-element float64 slices in the ring
+  // and over 256 KiB of 16-bit data in the direct path, so both split.
+  for (const char* algo : {"ring", "direct"}) {
+    setenv("SHMRING_THREADS", "2", 1);
+    setenv("SHMRING_DIRECT_BYTES", "1048576", 1);
+    run(3, algo, [](Communicator& comm) { check_random_mixes(comm, 140001, 400); });
+    unsetenv("SHMRING_THREADS");
+    unsetenv("SHMRING_DIRECT_BYTES");
+  }
 }
 
 TEST_CASE("16-bit min and max stay exact and propagate NaN on both paths") {
