@@ -35,8 +35,8 @@ SHMRING_INLINE std::uint16_t load_u16(const unsigned char* p) {
   return v;
 }
 SHMRING_INLINE double load_wide(const unsigned char* p) {
-  double v;
-  std::memcpy(&v, p, 8);
+  Wide v;
+  std::memcpy(&v, p, sizeof(Wide));
   return v;
 }
 // Selects written as masks: GCC keeps a ?: over floating-point values as a
@@ -130,9 +130,9 @@ SHMRING_INLINE void to_wide(void* dst, const void* a, const void* b, std::size_t
   auto* x = static_cast<const unsigned char*>(a);
   auto* y = static_cast<const unsigned char*>(b);
   for (std::size_t i = 0; i < n; ++i) {
-    const double xv = AWide ? load_wide(x + 8 * i) : T::load(load_u16(x + 2 * i));
-    const double r = Op::apply(xv, T::load(load_u16(y + 2 * i)));
-    std::memcpy(d + 8 * i, &r, 8);
+    const double xv = AWide ? load_wide(x + kWideBytes * i) : T::load(load_u16(x + 2 * i));
+    const Wide r = static_cast<Wide>(Op::apply(xv, T::load(load_u16(y + 2 * i))));
+    std::memcpy(d + kWideBytes * i, &r, kWideBytes);
   }
 }
 
@@ -142,7 +142,7 @@ SHMRING_INLINE void to_narrow(void* dst, const void* a, const void* b, std::size
   auto* x = static_cast<const unsigned char*>(a);
   auto* y = static_cast<const unsigned char*>(b);
   for (std::size_t i = 0; i < n; ++i) {
-    const double xv = AWide ? load_wide(x + 8 * i) : T::load(load_u16(x + 2 * i));
+    const double xv = AWide ? load_wide(x + kWideBytes * i) : T::load(load_u16(x + 2 * i));
     double r = Op::apply(xv, T::load(load_u16(y + 2 * i)));
     if constexpr (Divide) r = r / q;
     const std::uint16_t h = narrow<T>(r);

@@ -31,7 +31,9 @@
 
 namespace shmring::detail {
 
-/// Element type of wide partials.
+/// Element type of wide partials. float64 makes float16 sums exact; float
+/// would halve the partials' bytes but round them (results would then
+/// depend on the path and position again). The kernels compile with either.
 using Wide = double;
 inline constexpr std::size_t kWideBytes = sizeof(Wide);
 
