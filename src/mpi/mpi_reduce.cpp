@@ -22,6 +22,14 @@
 
 #include "impl.hpp"
 
+// The widening and narrowing loops run on every 16-bit element that crosses
+// the network: F16C (x86-64-v3) converts 8 at a time where the CPU has it.
+#if defined(__x86_64__)
+#define SHMRING_MPI_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SHMRING_MPI_CLONES
+#endif
+
 namespace shmring::mpi {
 
 namespace {
@@ -56,7 +64,7 @@ std::uint16_t f32_to_f16(float f) {
   return h;
 }
 
-void widen(const void* src, float* dst, std::size_t n, DataType dtype) {
+SHMRING_MPI_CLONES void widen(const void* src, float* dst, std::size_t n, DataType dtype) {
   auto* s = static_cast<const std::uint16_t*>(src);
   if (dtype == DataType::bfloat16)
     for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
@@ -64,7 +72,7 @@ void widen(const void* src, float* dst, std::size_t n, DataType dtype) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
 }
 
-void narrow(const float* src, void* dst, std::size_t n, DataType dtype) {
+SHMRING_MPI_CLONES void narrow(const float* src, void* dst, std::size_t n, DataType dtype) {
   auto* d = static_cast<std::uint16_t*>(dst);
   if (dtype == DataType::bfloat16)
     for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);

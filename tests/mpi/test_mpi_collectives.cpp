@@ -395,6 +395,17 @@ void test_bad_arguments(smpi::Communicator& comm) {
   record(ok);
   comm.allreduce(&v, &v, 1, DataType::int32, ReduceOp::sum);
   record(v == g_size);
+  // A bad setting is refused on every rank before any communication.
+  ok = false;
+  try {
+    smpi::Options o;
+    o.algorithm = "ring";
+    smpi::Communicator bad(MPI_COMM_WORLD, o);
+  } catch (const shmring::InvalidArgumentError& e) {
+    ok = std::string(e.what()).find("leaders, shards or flat") != std::string::npos;
+  }
+  if (!ok) fmt::print(stderr, "rank {}: FAIL Options::algorithm='ring' was not refused\n", g_rank);
+  record(ok);
 }
 
 std::vector<std::string> split(const std::string& s) {
