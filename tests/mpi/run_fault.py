@@ -3,7 +3,7 @@
 must end the job on every node with an error, quickly, with nothing left in
 /dev/shm.
 
-    run_fault.py FAKE_NODES WORKER kill|stop NODES VICTIM
+    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw NODES VICTIM
 
 Exit 0: the job ended with a non-zero status within the bound, the output
 names the failure, and no segment of this job is left. 77: the rig cannot
@@ -41,7 +41,14 @@ def main():
         failures.append(f"the job took {took:.1f} s to end, more than {BOUND_S} s")
     if "no failure" in out:
         failures.append("a rank finished its loop without an error")
-    if mode == "stop":
+    if mode == "stop-throw":
+        # SHMRING_MPI_ON_ERROR=throw: the error reaches the program, the
+        # communicator refuses further work, the program aborts the job.
+        if not re.search(r"rank \d+ caught timeout: shmring-mpi: rank", out):
+            failures.append("no rank caught a timeout error from the layer")
+        if not re.search(r"rank \d+ refused: .*broken by an earlier error", out):
+            failures.append("the broken communicator did not refuse the next call")
+    elif mode == "stop":
         # The victim is alive but silent: its node's peers time out, and our
         # error policy must name it and abort the job.
         if not re.search(r"shmring-mpi: rank \d+/\d+ \(node \d+/\d+ 'fake-node-\d+'.*failed:.*"
