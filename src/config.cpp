@@ -281,3 +281,12 @@ Config resolve_config(const Options& o) {
 }
 
 }  // namespace shmring::detail
+
+namespace shmring {
+
+// The public face of detail::host_hash(), for layers above the core.
+std::uint64_t host_identity() {
+  return detail::host_hash();
+}
+
+}  // namespace shmring
