@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -265,7 +266,11 @@ std::shared_ptr<RequestState> Engine::new_state() const {
 
 void Engine::poll_for_work() {
   const auto start = Clock::now();
-  const std::int64_t spin = c_.wait_policy.spin_ns, total = spin + c_.wait_policy.yield_ns;
+  // At most 200 us of yielding (oversubscribed ranks yield 2 ms in a wait):
+  // an idle thread must not hold a core another rank needs.
+  constexpr std::int64_t kMaxIdleYieldNs = 200'000;
+  const std::int64_t spin = c_.wait_policy.spin_ns,
+                     total = spin + std::min(c_.wait_policy.yield_ns, kMaxIdleYieldNs);
   for (std::int64_t spent = 0; spent < total; spent = (Clock::now() - start).count()) {
     if (pending_.load(std::memory_order_acquire) != 0) return;
     if (spent < spin) {
