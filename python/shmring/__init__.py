@@ -9,3 +9,20 @@ backend) are separate submodules, imported only on request.
 
 from ._shmring import *  # noqa: F401,F403
 from ._shmring import __version__  # noqa: F401
+
+
+def _register_torch_backend():
+    # When torch is already imported, register the torch.distributed backend
+    # "shmring" at once (cheap then); otherwise `import shmring.torch` does
+    # it, so a plain `import shmring` never pays for importing torch.
+    import sys
+    if "torch" not in sys.modules:
+        return
+    try:
+        from . import torch as _  # noqa: F401
+    except ImportError:
+        pass  # built without the backend, or torch without distributed
+
+
+_register_torch_backend()
+del _register_torch_backend
