@@ -31,6 +31,11 @@ def test_mismatch_is_an_error_on_every_rank(tmp):
     assert_all_ok(results)
 
 
+def test_timeouts(tmp):
+    results = run_job("timeouts", 2, tmp, env={"SHMRING_TIMEOUT": "3"})
+    assert_all_ok(results)
+
+
 def test_peer_death_is_an_error_on_the_survivors(tmp):
     """Rank 1 is SIGKILLed: ranks 0 and 2 get RuntimeError naming it within
     seconds, and the group refuses later operations."""
@@ -91,3 +96,17 @@ def test_shmrun_ddp_example(tmp):
                        timeout=300)
     assert p.returncode == 0, p.stdout
     assert "RESULT ddp backend=shmring model=cnn ranks=2 steps=3" in p.stdout, p.stdout
+
+
+def test_import_shmring_registers_only_when_torch_is_loaded():
+    """`import torch; import shmring` registers the backend; a plain
+    `import shmring` does not pay for importing torch."""
+    code = ("import torch, torch.distributed as dist, shmring; "
+            "print(dist.Backend('shmring'))")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("shmring"), p.stdout
+    code = "import sys, shmring; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout

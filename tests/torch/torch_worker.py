@@ -283,6 +283,31 @@ def scenario_mismatch(rank, size):
     print("mismatch ok", flush=True)
 
 
+def scenario_timeouts(rank, size):
+    """Work.wait(timeout) gives up without breaking the group; a peer that
+    never comes gives shmring's timeout error (SHMRING_TIMEOUT=3) on every
+    rank."""
+    t = torch.ones(100)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        expect_error(lambda: work.wait(timeout=datetime.timedelta(milliseconds=200)),
+                     "did not complete within")
+        work.wait()  # rank 1 arrives after 1.5 s
+        check(torch.equal(t, torch.full((100,), 2.0)), "all_reduce after a wait timeout")
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.all_reduce(t), "timed out")
+        check(time.monotonic() - t0 < 30, "timeout took too long")
+        print("rank 0 timed out:", msg, flush=True)
+    else:
+        time.sleep(1.5)
+        dist.all_reduce(t)
+        time.sleep(6)  # rank 0 waits for us past SHMRING_TIMEOUT
+        msg = expect_error(lambda: dist.all_reduce(t))
+        print("rank 1 refused:", msg, flush=True)
+    expect_error(lambda: dist.all_reduce(torch.ones(3)))
+    print("timeouts ok", flush=True)
+
+
 def scenario_peer_death(rank, size):
     """Rank 1 is SIGKILLed mid-training; the others get RuntimeError with
     shmring's message (naming rank 1) quickly, and later operations fail."""
