@@ -14,9 +14,7 @@ WorkShmring::WorkShmring(int rank, ::c10d::OpType type, const char* profiling_ti
     : Work(rank, type, profiling_title),
       title_(profiling_title),
       result_(std::move(result)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
 
 // The request's destructor would wait for a collective still running; a
 // Work is only destroyed after completion (the progress thread's callback

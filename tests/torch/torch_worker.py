@@ -237,6 +237,8 @@ def scenario_refusals(rank, size):
     t = torch.ones(4)
     for op in ("BAND", "BOR", "BXOR"):
         expect_error(lambda: dist.all_reduce(t.int(), op=getattr(dist.ReduceOp, op)), op)
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        expect_error(lambda: dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0)), "PREMUL_SUM")
     expect_error(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), "int16", "allreduce")
     expect_error(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), "allreduce")
     pg = dist.distributed_c10d._get_default_group()
