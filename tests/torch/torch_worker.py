@@ -357,6 +357,13 @@ def scenario_new_group(rank, size):
         t = torch.arange(3.0) + rank
         dist.broadcast(t, src=2, group=tail)  # global rank 2 = group rank 1
         check(torch.equal(t, torch.arange(3.0) + 2), "tail group broadcast")
+    # A group destroyed with a collective still in flight completes it first.
+    if rank in (0, 2):
+        pending = torch.ones(1 << 16)
+        work = dist.all_reduce(pending, group=even, async_op=True)
+        dist.destroy_process_group(even)
+        work.wait()
+        check(torch.equal(pending, torch.full((1 << 16,), 2.0)), "in flight at destroy")
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
     check(torch.equal(t, torch.full((5,), 6.0)), "world all_reduce after the groups")
