@@ -4,7 +4,8 @@ over one POSIX shared-memory segment.
 The compiled core lives in ``shmring._shmring``; everything public is
 re-exported here, so ``import shmring`` is all a user needs. Layers that
 depend on optional packages (``shmring.torch``, the torch.distributed
-backend) are separate submodules, imported only on request.
+backend) are separate submodules, imported on request (``shmring.torch``
+also at once when torch is already imported, which registers the backend).
 """
 
 from ._shmring import *  # noqa: F401,F403
@@ -22,6 +23,9 @@ def _register_torch_backend():
         from . import torch as _  # noqa: F401
     except ImportError:
         pass  # built without the backend, or torch without distributed
+    except Exception as e:  # never let the optional layer break `import shmring`
+        import warnings
+        warnings.warn(f"shmring: the torch.distributed backend was not registered: {e}")
 
 
 _register_torch_backend()

@@ -4,9 +4,14 @@
 // Built against the torch that /usr/bin/python3 imports, with torch's own
 // pybind11 casters (the Store argument and the ProcessGroup base class are
 // torch's registered types), so it must match torch's _GLIBCXX_USE_CXX11_ABI
-// and pybind11 internals; meson checks both.
+// (meson takes the flag from torch) and pybind11 internals (compared below,
+// at import).
 
 #include <pybind11/chrono.h>
+
+#include <string>
+#include <utility>
+
 #include <torch/csrc/utils/pybind.h>
 
 #include "process_group.hpp"
@@ -20,6 +25,22 @@ PYBIND11_MODULE(_torch, m) {
   m.doc() = "shmring's torch.distributed backend (import shmring.torch to register it).";
   // Registers torch's c10d types (Store, ProcessGroup) with pybind11 first.
   py::module_::import("torch.distributed");
+  // Types are shared only between modules with the same pybind11 internals:
+  // say so now, rather than fail to convert the store at the first group.
+  py::module_ torch_c = py::module_::import("torch._C");
+  const std::pair<const char*, const char*> abi[] = {
+      {"_PYBIND11_COMPILER_TYPE", PYBIND11_COMPILER_TYPE},
+      {"_PYBIND11_STDLIB", PYBIND11_STDLIB},
+      {"_PYBIND11_BUILD_ABI", PYBIND11_BUILD_ABI},
+  };
+  for (const auto& [name, ours] : abi) {
+    if (!py::hasattr(torch_c, name)) continue;
+    const auto theirs = torch_c.attr(name).cast<std::string>();
+    if (theirs != ours)
+      throw py::import_error("shmring._torch was built with pybind11 " + std::string(name + 1) +
+                             " '" + ours + "' but torch with '" + theirs +
+                             "': rebuild shmring against this torch");
+  }
 
   py::class_<ProcessGroupShmring, BackendBase, c10::intrusive_ptr<ProcessGroupShmring>>(
       m, "ProcessGroupShmring", R"doc(
