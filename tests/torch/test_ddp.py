@@ -1,7 +1,8 @@
 """Unmodified DistributedDataParallel over the shmring backend: after a few
 steps the parameters are bitwise identical on every rank and equal gloo's
 within 1e-6, with no hook, allreduce_hook, fp16_compress_hook, PowerSGD,
-small buckets, find_unused_parameters and BatchNorm buffers. Buffers
+small buckets, gradient_as_bucket_view with static_graph,
+find_unused_parameters and BatchNorm buffers. Buffers
 (BatchNorm's running statistics) are broadcast from rank 0 at the start of
 every forward, then each rank's forward updates its own: they equal gloo's
 rank by rank."""
@@ -12,7 +13,7 @@ import torch
 from conftest import assert_all_ok, finish_job, start_job
 
 SIZE = 2
-CONFIGS = ["plain", "small_buckets", "allreduce_hook", "fp16_hook", "powersgd", "unused",
+CONFIGS = ["plain", "small_buckets", "bucket_view", "allreduce_hook", "fp16_hook", "powersgd", "unused",
            "batchnorm"]
 
 

@@ -162,6 +162,13 @@ def scenario_ops(rank, size):
         outs = [torch.empty(11, dtype=dtype) for _ in range(size)]
         dist.all_gather(outs, t)
         check(all(torch.equal(o, t) for o in outs), f"all_gather {dtype}")
+    # The object collectives ride on all_gather and broadcast of uint8/int64.
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank, "pad": "x" * rank * 10})
+    check(objs == [{"rank": r, "pad": "x" * r * 10} for r in range(size)], f"objects: {objs}")
+    lst = [f"from {rank}", rank] if rank == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    check(lst == ["from 1", 1], f"broadcast_object_list: {lst}")
     dist.barrier()
     print("ops ok", flush=True)
 
@@ -425,6 +432,7 @@ def ddp_models():
     return [
         ("plain", mlp, {}, None),
         ("small_buckets", mlp, {"bucket_cap_mb": 0.001}, None),
+        ("bucket_view", mlp, {"gradient_as_bucket_view": True, "static_graph": True}, None),
         ("allreduce_hook", mlp, {}, lambda pg: (pg, default_hooks.allreduce_hook)),
         ("fp16_hook", mlp, {}, lambda pg: (pg, default_hooks.fp16_compress_hook)),
         ("powersgd", mlp, {}, powersgd),
