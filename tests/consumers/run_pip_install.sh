@@ -20,11 +20,20 @@ wheel_build="${build}-wheel-$$"
 trap 'rm -rf "$tmp" "$wheel_build"' EXIT
 
 "$py" -m venv --system-site-packages "$tmp/venv"
+# meson-python 0.12 leaves .mesonpy-native-file.ini in the source tree and,
+# finding it again, "reconfigures" the new (empty) build directory: fails.
+rm -f "$src/.mesonpy-native-file.ini"
 start=$(date +%s)
 (cd "$src" && "$tmp/venv/bin/pip" install --no-build-isolation --no-index --no-cache-dir \
-  -Cbuilddir="$wheel_build" . >"$tmp/pip.log" 2>&1) || { tail -n 60 "$tmp/pip.log"; exit 1; }
+  --config-settings builddir="$wheel_build" . >"$tmp/pip.log" 2>&1) || { tail -n 60 "$tmp/pip.log"; exit 1; }
 echo "pip install took $(($(date +%s) - start)) s"
 grep -i "warning" "$tmp/pip.log" | grep -iv "deprecat" || true
+# What the wheel brought: the package, the bundled library, shmrun.
+site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+for f in "$site"/shmring/__init__.py "$site"/shmring/_shmring.*.so "$site"/.shmring.mesonpy.libs/libshmring.so \
+  "$tmp/venv/bin/shmrun"; do
+  test -e "$f" || { echo "missing after pip install: $f"; ls -R "$site/shmring"; exit 1; }
+done
 
 export PATH="$tmp/venv/bin:$PATH"
 unset PYTHONPATH
