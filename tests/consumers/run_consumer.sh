@@ -92,7 +92,8 @@ case $mode in
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 
-# Both ranks print their line; any failure or a missing line fails the test.
+# Both ranks print their line (the two may share a line of the pipe); any
+# failure or a missing report fails the test.
 # The consumer must load the library it was built against.
 loaded=$(LD_LIBRARY_PATH=$lib_path LD_TRACE_LOADED_OBJECTS=1 "$exe" | grep libshmring || true)
 echo "loads:$loaded"
@@ -103,5 +104,5 @@ esac
 out=$(LD_LIBRARY_PATH=$lib_path "$shmrun" -n 2 --timeout 120 -- "$exe")
 echo "$out"
 for r in 0 1; do
-  grep -q "^consumer: rank $r of 2 ok" <<<"$out" || { echo "rank $r did not report ok"; exit 1; }
+  grep -q "consumer: rank $r of 2 ok" <<<"$out" || { echo "rank $r did not report ok"; exit 1; }
 done
