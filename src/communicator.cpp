@@ -240,6 +240,12 @@ void Communicator::Impl::check_descriptor(int peer) {
   // A peer runs at most K slots or 2 direct buffers ahead, fewer than
   // kDescRing collectives: entry c is still ours to read. A torn read or a
   // different seq means the peer is in another collective: a mismatch too.
+  // Ordering: begin() stores the fields (relaxed), then seq (release), then
+  // announced (publish, seq_cst); we get here after an acquire of announced,
+  // so the fields of this entry are visible. The re-read of seq after an
+  // acquire fence is a safety net only: the writer does not mark the entry
+  // busy before rewriting it, which is sound because it cannot reach this
+  // entry again while we may still read it (the pace bound above).
   auto& desc = area(peer).desc[collectives % detail::kDescRing];
   std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
   CollectiveDesc theirs{static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),

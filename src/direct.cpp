@@ -10,6 +10,22 @@
 // accumulate in float64 and round once). A buffer is reused two collectives later, once every rank
 // has finished the collective that read it (the `done` counters).
 //
+// Why recycling is safe on a weakly ordered CPU (AArch64, POWER), where
+// loads may be satisfied late and stores become visible out of order:
+// reader q reads buffer (c mod 2) of rank r in collective c (on its own
+// thread or on its TBB workers, whose join in parallel_for orders their
+// loads before the caller's next step), then ends c with publish(done, c+1),
+// a release store: all of q's earlier loads of the buffer are complete
+// before that store can be seen. Rank r writes the buffer again in
+// collective c+2 only after acquire_direct_buffer() saw done(q) >= c+1 for
+// every q with an acquire load, so its new stores come after q's reads in
+// happens-before order: no reader sees half-overwritten data (the
+// load-buffering outcome is excluded by release/acquire). In the other
+// direction r's copy into the buffer precedes announce()'s release store,
+// and readers wait_announced() with an acquire load before reading. x86
+// streaming stores in c.copy() are not ordered by a release store alone:
+// copy_streaming() ends with sfence for that reason.
+//
 // Who checks whom (so that any disagreement is seen by someone):
 //   allreduce, reduce-scatter, allgather, barrier: every rank checks every rank;
 //   broadcast, reduce: the root checks every rank, the others check the root.

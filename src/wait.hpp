@@ -9,6 +9,16 @@
 // writer stores the counter, then reads `waiters` (both seq_cst). Either the
 // sleeper's re-check sees the new value, or the writer sees waiters > 0 and
 // bumps `futex_gen` (making FUTEX_WAIT return at once) before waking.
+//
+// Ordering on weakly ordered CPUs (reviewed for AArch64): every publish of a
+// sequence counter is publish() below, a seq_cst store (a release and more:
+// STLR on AArch64, a store and MFENCE on x86), so the slot or buffer
+// contents written before it are visible to whoever sees the new value.
+// Every read of a counter that gates access to shared data is an acquire
+// load (LDAR) in wait_at_least(); the seq_cst loads of the futex phase are
+// stronger still. The relaxed fields beside them (descriptor entries, cpu
+// masks, pid) are written before a release of their own and read after an
+// acquire.
 
 #include <sched.h>
 

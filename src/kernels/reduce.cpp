@@ -1,5 +1,7 @@
 #include "kernels/reduce.hpp"
 
+#include "kernels/target.hpp"
+
 #include <cstring>
 #include <type_traits>
 
@@ -8,13 +10,18 @@
 #endif
 
 #define SHMRING_INLINE inline __attribute__((always_inline))
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define SHMRING_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SHMRING_CLONES
-#endif
+#define SHMRING_CLONES SHMRING_TARGET_CLONES  // kernels/target.hpp
 
 namespace shmring::detail {
+
+#if defined(SHMRING_DISPATCH_SVE)
+namespace sve {  // this file again, built with +sve (kernels/target.hpp)
+void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dtype, ReduceOp op,
+            int divisor);
+}  // namespace sve
+#endif
+
+SHMRING_KERNELS_BEGIN
 
 namespace {
 
@@ -273,7 +280,7 @@ void narrow_f16_soft(void* out, const float* in, std::size_t n) {
 using Widen = void (*)(float*, const void*, std::size_t);
 using Narrow = void (*)(void*, const float*, std::size_t);
 
-bool has_f16c() {
+[[maybe_unused]] bool has_f16c() {
 #if defined(__x86_64__)
   static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
   return yes;
@@ -303,6 +310,9 @@ void reduce_16bit(void* dst, const void* a, const void* b, std::size_t n, Kernel
 void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dtype, ReduceOp op,
             int divisor) {
   if (n == 0) return;
+#if defined(SHMRING_DISPATCH_SVE)
+  if (sve_available()) return sve::reduce(dst, a, b, n, dtype, op, divisor);
+#endif
   auto o = static_cast<std::size_t>(op);
   switch (dtype) {
     case DataType::float32:
@@ -329,6 +339,13 @@ void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dty
 }
 
 const char* kernel_isa() {
+#if defined(SHMRING_KERNEL_COPY_SVE)
+  return "sve";
+#elif defined(SHMRING_DISPATCH_SVE)
+  return sve_available() ? "sve" : "neon";
+#elif defined(__aarch64__)
+  return "neon";
+#endif
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -352,4 +369,5 @@ std::uint16_t float_to_bfloat16(float f) {
   return bf16_store(f);
 }
 
+SHMRING_KERNELS_END
 }  // namespace shmring::detail

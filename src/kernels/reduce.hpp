@@ -26,7 +26,7 @@ void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dty
             int divisor = 1);
 
 /// Name of the instruction set the float32 sum kernel runs with here
-/// ("avx512", "avx2" or "sse2").
+/// ("avx512", "avx2" or "sse2" on x86-64; "sve" or "neon" on AArch64).
 const char* kernel_isa();
 
 /// float16 <-> float32 conversions, round to nearest even (exposed for tests).

@@ -1,5 +1,7 @@
 #include "kernels/wide.hpp"
 
+#include "kernels/target.hpp"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,11 +10,9 @@
 // written branch-free, with selects, so they become shifts, compares and
 // blends in every clone), compiled like kernels/reduce.cpp.
 #define SHMRING_INLINE inline __attribute__((always_inline))
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define SHMRING_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SHMRING_CLONES
-#endif
+// The clone set of kernels/target.hpp (NEON baseline on AArch64; no SVE
+// copy of these yet).
+#define SHMRING_CLONES SHMRING_TARGET_CLONES
 
 namespace shmring::detail {
 
