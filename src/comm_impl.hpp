@@ -64,6 +64,8 @@ struct Communicator::Impl {
   int step = -1;
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
+  // This rank rejected its last call's arguments (InvalidArgumentError).
+  bool raised = false;
 
   detail::RankArea& my_area() { return seg->rank_area(rank); }
   detail::RankArea& area(int r) { return seg->rank_area(r); }
@@ -94,6 +96,14 @@ struct Communicator::Impl {
   /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
   /// a payload too big for the direct buffers always goes by ring).
   Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes) const;
+  /// Throws InvalidArgumentError in a process forked (without exec) from the
+  /// one that attached: only that process may use the rank.
+  void check_owner() const;
+  /// "rank R: communicator is unusable after an earlier error: <first error>".
+  std::string unusable_message() const;
+  /// Throws the job's recorded error: as itself if it is this rank's first
+  /// error, else as AbortedError(unusable_message()). Marks the communicator broken.
+  [[noreturn]] void rethrow_abort(const detail::AbortInfo& a);
   /// Starts a collective: refuses a broken communicator, writes our
   /// descriptor into its ring entry. The ring path announces at once; the
   /// direct path after writing its data.

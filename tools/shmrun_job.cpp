@@ -243,6 +243,7 @@ bool Job::spawn() {
   env["SHMRING_WORLD_SIZE"] = np;
   env["SHMRING_LOCAL_WORLD_SIZE"] = np;
   env["SHMRING_JOB_ID"] = spec_.job_id;
+  if (!spec_.job_nonce.empty()) env["SHMRING_JOB_NONCE"] = spec_.job_nonce;
   env["WORLD_SIZE"] = np;
   env["LOCAL_WORLD_SIZE"] = np;
   env["GROUP_RANK"] = "0";
