@@ -345,7 +345,7 @@ constexpr std::uint32_t kNonceLauncher = 1;  // SHMRING_JOB_NONCE, the same on e
 
 // The launcher's job nonce (shmrun sets SHMRING_JOB_NONCE, 1 to 16 hex
 // digits, fresh per job); 0 when there is none.
-std::uint64_t launcher_nonce() {
+std::uint64_t launcher_nonce(int rank) {
   auto s = env_string("SHMRING_JOB_NONCE");
   if (!s) return 0;
   errno = 0;
@@ -353,7 +353,9 @@ std::uint64_t launcher_nonce() {
   unsigned long long v = std::strtoull(s->c_str(), &end, 16);
   if (errno != 0 || end == s->c_str() || *end != '\0' || s->size() > 16 || v == 0)
     throw InvalidArgumentError(fmt::format(
-        "SHMRING_JOB_NONCE='{}': expected 1 to 16 hex digits, not all zero (shmrun sets it)", *s));
+        "rank {}: SHMRING_JOB_NONCE='{}': expected 1 to 16 hex digits, not all zero (shmrun "
+        "sets it)",
+        rank, *s));
   return v;
 }
 
@@ -423,7 +425,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         fmt::format("rank {}: segment of {} ranks x {} slots x {} bytes overflows", req.rank,
                     req.world_size, req.slots, req.slot_bytes));
   const Identity me{req.job_id.empty() ? req.name : req.job_id, req.rank, req.world_size,
-                    req.job_nonce != 0 ? req.job_nonce : launcher_nonce()};
+                    req.job_nonce != 0 ? req.job_nonce : launcher_nonce(req.rank)};
   std::unique_ptr<Segment> seg(new Segment());
   seg->name_ = req.name;
   seg->rank_ = req.rank;

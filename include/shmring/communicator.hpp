@@ -70,17 +70,21 @@ struct Config {
 /// every later call throws AbortedError with the first error's reason.
 ///
 /// Thread safety: one Communicator may be used by one thread at a time;
-/// distinct Communicators may be used concurrently.
+/// distinct Communicators may be used concurrently. A process forked from the
+/// one that created it (without exec) cannot use it: every collective there
+/// throws InvalidArgumentError, and its destruction there touches nothing.
 class SHMRING_API Communicator {
  public:
   /// Rank, world size and job id from the environment: SHMRING_RANK,
   /// SHMRING_WORLD_SIZE, SHMRING_JOB_ID (set by shmrun), else torchrun's
   /// RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE with a job id from
   /// TORCHELASTIC_RUN_ID or MASTER_ADDR:MASTER_PORT, else Open MPI's
-  /// OMPI_COMM_WORLD_* or Slurm's SLURM_*. Blocks until every rank has
-  /// attached (or the timeout passes).
-  /// Throws InvalidArgumentError (missing/bad settings), TimeoutError (a rank
-  /// never arrived), OutOfSharedMemoryError, SystemError.
+  /// OMPI_COMM_WORLD_*, MPICH's PMI_RANK / PMI_SIZE or Slurm's SLURM_* (the
+  /// innermost launcher's; an outer set that disagrees is InvalidArgumentError).
+  /// Blocks until every rank has attached (or the timeout passes).
+  /// Throws InvalidArgumentError (missing/bad settings, two processes claiming
+  /// one rank, two jobs sharing the job id: then every process involved throws),
+  /// TimeoutError (a rank never arrived), OutOfSharedMemoryError, SystemError.
   Communicator();
   /// Explicit settings; fields left unset come from the environment.
   explicit Communicator(const Options& options);
