@@ -98,8 +98,14 @@ struct PerfOptions {
   std::size_t min_bytes = 8;
   std::size_t max_bytes = 128u << 20;
   double factor = 2;
-  int iters = 20;
-  int warmup = 5;
+  // Timing (see time_phase): by default each size runs warm-up calls for
+  // at least a tenth of `min_time_s`, then `rounds` rounds that together
+  // last at least `min_time_s` on the slowest rank, as OSU and Open MPI's
+  // tests do; -n / -w fix the counts instead.
+  int iters = 0;    // -n: calls per round; 0 = by time
+  int warmup = -1;  // -w: warm-up calls; -1 = by time
+  double min_time_s = 0.1;
+  int rounds = 5;
   std::string dtype = "float";
   std::string op = "sum";
   int check = 1;
@@ -110,8 +116,8 @@ struct PerfOptions {
   bool no_floor = false;
   bool in_place_only = false;
   int root = 0;  // -r: broadcast and reduce
-  // Iterations shrink for large sizes so that one size moves about this many
-  // bytes per timed phase (at least 3 iterations, at most `iters`).
+  // With -n: iterations shrink for large sizes so that one size moves about
+  // this many bytes per round (at least 3 iterations, at most `iters`).
   double budget_bytes = 2.0 * (1u << 30);
 };
 
@@ -188,11 +194,22 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
   app.add_option("-f,--stepfactor", o.factor, "Multiply the size by this factor each step")
       ->check(CLI::Range(1.0001, 1e6))
       ->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "Timed iterations per size (fewer for big sizes)")
-      ->check(CLI::Range(1, 1000000))
+  app.add_option("-n,--iters", o.iters,
+                 "Timed calls per round (fewer for big sizes, see --budget); default: as many "
+                 "as fill --min-time")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("-w,--warmup_iters", o.warmup,
+                 "Warm-up calls per size; default: as many as fill a tenth of --min-time "
+                 "(at least 2)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--min-time", o.min_time_s,
+                 "Seconds the timed rounds of one size and phase last together, at least")
+      ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "Warm-up iterations per size")
-      ->check(CLI::Range(0, 1000000))
+  app.add_option("--rounds", o.rounds,
+                 "Timed rounds per size and phase; the table shows the mean time over all "
+                 "rounds and the min/median/max of the rounds' means")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   app.add_option("-d,--datatype", o.dtype,
                  "int8, uint8, int32, int64, half, bfloat16, float, double")
@@ -205,7 +222,7 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
   app.add_option("-c,--check", o.check, "Check the result (0: no, 1: yes)")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
-  app.add_option("-a,--algorithm", o.algorithm, "Algorithm (auto, ring, direct)")
+  app.add_option("-a,--algorithm", o.algorithm, "Algorithm (auto, ring, direct, two_shot)")
       ->capture_default_str();
   app.add_flag("-I,--vary", o.vary,
                "Rotate through buffers that together exceed the caches (cache-cold data)");
@@ -216,7 +233,7 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
   app.add_option_function<std::string>(
          "--budget",
          [&o](const std::string& s) { o.budget_bytes = static_cast<double>(parse_bytes(s)); },
-         "Bytes one timed phase may move (64M, 2G); sets the iterations of large sizes")
+         "With -n: bytes one round may move (64M, 2G); caps the calls of large sizes")
       ->default_str("2G");
 }
 
@@ -466,6 +483,11 @@ void invoke_in_place(Backend& b, const Call& c, void* buf) {
 struct Timing {
   double us = 0, algbw = 0, busbw = 0;
   long long wrong = 0;
+  // Per-call time of the first call of the phase, and the min / median /
+  // max over rounds of each round's mean: one stall cannot hide in (or
+  // fake) the mean without showing here.
+  double first_us = 0, min_us = 0, med_us = 0, max_us = 0;
+  int calls = 0;  // timed calls, all rounds together
 };
 struct Row {
   std::size_t bytes = 0, count = 0;
@@ -474,15 +496,65 @@ struct Row {
   int iters = 0;
 };
 
+// Times `body(i)` (one call) on every rank: warm-up, then o.rounds timed
+// rounds, each started by a barrier, each round's time the slowest rank's.
+// Every count that more than one rank must agree on comes from a
+// max_over_ranks, so the ranks always make the same number of calls.
 template <class Backend>
-double time_loop(Backend& b, int iters, int warmup, auto&& body) {
-  for (int i = 0; i < warmup; ++i) body(i);
+Timing time_phase(Backend& b, const PerfOptions& o, std::size_t bytes, auto&& body) {
+  using clock = std::chrono::steady_clock;
+  auto elapsed_us = [](clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+  };
+  Timing t;
+  int call = 0;
   b.barrier();
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) body(i);
-  auto t1 = std::chrono::steady_clock::now();
-  double us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
-  return b.max_over_ranks(us);
+  auto t0 = clock::now();
+  body(call++);
+  t.first_us = b.max_over_ranks(elapsed_us(t0));
+  double per_call_us = t.first_us;
+  if (o.warmup >= 0) {
+    for (int i = 1; i < o.warmup; ++i) body(call++);
+  } else {
+    // Doubling batches until a tenth of --min-time has passed; the last
+    // batch estimates the per-call time of the timed rounds.
+    const double warm_us = std::max(1e3, o.min_time_s * 1e5);
+    double spent_us = t.first_us;
+    for (int batch = 1; spent_us < warm_us && batch <= (1 << 20); batch *= 2) {
+      t0 = clock::now();
+      for (int i = 0; i < batch; ++i) body(call++);
+      const double us = b.max_over_ranks(elapsed_us(t0));
+      spent_us += us;
+      per_call_us = us / batch;
+    }
+  }
+  int per_round = 0;
+  if (o.iters > 0) {
+    per_round = std::clamp(static_cast<int>(o.budget_bytes / static_cast<double>(bytes)), 3,
+                           std::max(3, o.iters));
+    per_round = std::min(per_round, o.iters);
+  } else {
+    const double round_us = o.min_time_s * 1e6 / o.rounds;
+    per_round =
+        static_cast<int>(std::clamp(std::ceil(round_us / std::max(per_call_us, 1e-3)), 1.0, 1e7));
+  }
+  std::vector<double> means;
+  double total_us = 0;
+  for (int r = 0; r < o.rounds; ++r) {
+    b.barrier();
+    t0 = clock::now();
+    for (int i = 0; i < per_round; ++i) body(call++);
+    const double us = b.max_over_ranks(elapsed_us(t0));
+    total_us += us;
+    means.push_back(us / per_round);
+  }
+  std::sort(means.begin(), means.end());
+  t.calls = per_round * o.rounds;
+  t.us = total_us / t.calls;
+  t.min_us = means.front();
+  t.med_us = means[(means.size() - 1) / 2];
+  t.max_us = means.back();
+  return t;
 }
 
 // Runs the collective once on fresh inputs and counts, over all ranks, the
@@ -562,15 +634,21 @@ inline void print_header(const PerfOptions& o, const char* backend, int nranks, 
   if (o.csv) {
     fmt::print(
         "backend,nranks,size,count,type,redop,iters,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
-        "ip_time_us,ip_algbw,ip_busbw,ip_wrong,floor_us,floor_ratio{}\n",
+        "ip_time_us,ip_algbw,ip_busbw,ip_wrong,floor_us,floor_ratio{},ip_first_us,ip_min_us,"
+        "ip_med_us,ip_max_us,oop_first_us,oop_min_us,oop_med_us,oop_max_us\n",
         extra ? ",collective,root" : "");
     return;
   }
   if (o.json) return;
   fmt::print(
-      "# {} {}_perf: {} ranks, minBytes {} maxBytes {} step factor {} iters {} "
-      "warmup {} check {} algorithm {}{}{}\n",
-      backend, info(coll).name, nranks, o.min_bytes, o.max_bytes, o.factor, o.iters, o.warmup,
+      "# {} {}_perf: {} ranks, minBytes {} maxBytes {} step factor {} {} check {} "
+      "algorithm {}{}{}\n",
+      backend, info(coll).name, nranks, o.min_bytes, o.max_bytes, o.factor,
+      fmt::format("{} rounds of {}, warm-up {}", o.rounds,
+                  o.iters > 0 ? fmt::format("{} calls", o.iters)
+                              : fmt::format("{:g} s / {} (at least)", o.min_time_s, o.rounds),
+                  o.warmup >= 0 ? fmt::format("{} calls", o.warmup)
+                                : fmt::format("{:g} s", std::max(1e-3, o.min_time_s / 10))),
       o.check, o.algorithm, info(coll).has_root ? fmt::format(" root {}", o.root) : "",
       o.vary ? " (cache-cold: -I)" : "");
   if (extra)
@@ -582,20 +660,23 @@ inline void print_header(const PerfOptions& o, const char* backend, int nranks, 
                coll == Collective::broadcast || coll == Collective::reduce ? "1" : "(n-1)/n");
   fmt::print(
       "# floor = every rank copies its buffer once, concurrently (memcpy); "
-      "floor/ip = floor time / in-place time\n#\n");
+      "floor/ip = floor time / in-place time\n"
+      "# time = mean over all timed calls; in-place first = the first call of the size, "
+      "min/med/max = over the rounds' means\n#\n");
   const std::string root_h = extra ? fmt::format(" {:>4}", "root") : "";
   const std::string root_u = extra ? fmt::format(" {:>4}", "") : "";
-  fmt::print("#{:>{}} {:>32} {:>32} {:>18}\n", "", extra ? 48 : 43, "out-of-place", "in-place", "");
+  fmt::print("#{:>{}} {:>32} {:>32} {:>18} {:>39}\n", "", extra ? 48 : 43, "out-of-place",
+             "in-place", "", "in-place spread");
   fmt::print(
       "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
-      "{:>9} {:>8}\n",
+      "{:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
       "size", "count", "type", "redop", root_h, "n", "time", "algbw", "busbw", "#wrong", "time",
-      "algbw", "busbw", "#wrong", "floor", "floor/ip");
+      "algbw", "busbw", "#wrong", "floor", "floor/ip", "first", "min", "med", "max");
   fmt::print(
       "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
-      "{:>9} {:>8}\n",
+      "{:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
       "(B)", "(elements)", "", "", root_u, "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-      "(GB/s)", "", "(us)", "");
+      "(GB/s)", "", "(us)", "", "(us)", "(us)", "(us)", "(us)");
 }
 
 inline std::string wrong_str(const PerfOptions& o, long long w) {
@@ -619,10 +700,14 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
     const std::string oop = l.has_oop ? fmt::format("{:.3f},{:.4f},{:.4f},{}", r.oop.us,
                                                     r.oop.algbw, r.oop.busbw, r.oop.wrong)
                                       : std::string(",,,");
-    fmt::print("{},{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f}{}\n", l.backend,
+    auto spread = [](const Timing& t) {
+      return fmt::format("{:.3f},{:.3f},{:.3f},{:.3f}", t.first_us, t.min_us, t.med_us, t.max_us);
+    };
+    fmt::print("{},{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f}{},{},{}\n", l.backend,
                l.nranks, r.bytes, r.count, l.type, l.op, r.iters, oop, r.ip.us, r.ip.algbw,
                r.ip.busbw, r.ip.wrong, r.floor_us, ratio,
-               extra ? fmt::format(",{},{}", info(l.coll).name, l.root) : "");
+               extra ? fmt::format(",{},{}", info(l.coll).name, l.root) : "", spread(r.ip),
+               l.has_oop ? spread(r.oop) : std::string(",,,"));
   } else if (o.json) {
     const std::string oop =
         l.has_oop ? fmt::format(
@@ -635,11 +720,13 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
         "\"type\": \"{}\", \"redop\": \"{}\", {}\"iters\": {}, "
         "\"out_of_place\": {}, "
         "\"in_place\": {{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
-        "\"wrong\": {}}}, \"floor_us\": {:.3f}, \"floor_ratio\": {:.4f}}}",
+        "\"wrong\": {}, \"first_us\": {:.3f}, \"min_us\": {:.3f}, \"med_us\": {:.3f}, "
+        "\"max_us\": {:.3f}}}, \"floor_us\": {:.3f}, \"floor_ratio\": {:.4f}}}",
         first ? "[" : ",", extra ? fmt::format("\"collective\": \"{}\", ", info(l.coll).name) : "",
         l.backend, l.nranks, r.bytes, r.count, l.type, l.op,
         extra ? fmt::format("\"root\": {}, ", l.root) : "", r.iters, oop, r.ip.us, r.ip.algbw,
-        r.ip.busbw, r.ip.wrong, r.floor_us, ratio);
+        r.ip.busbw, r.ip.wrong, r.ip.first_us, r.ip.min_us, r.ip.med_us, r.ip.max_us, r.floor_us,
+        ratio);
   } else {
     const std::string root = extra ? fmt::format(" {:>4}", l.root) : "";
     const std::string oop = l.has_oop
@@ -648,9 +735,10 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
                                 : fmt::format("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-");
     fmt::print(
         " {:>11} {:>12} {:>8} {:>6}{} {:>4} {} {:>9.2f} "
-        "{:>7.2f} {:>7.2f} {:>6} {:>9.2f} {:>8.2f}\n",
+        "{:>7.2f} {:>7.2f} {:>6} {:>9.2f} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n",
         r.bytes, r.count, l.type, l.op, root, l.nranks, oop, r.ip.us, r.ip.algbw, r.ip.busbw,
-        wrong_str(o, r.ip.wrong), r.floor_us, ratio);
+        wrong_str(o, r.ip.wrong), r.floor_us, ratio, r.ip.first_us, r.ip.min_us, r.ip.med_us,
+        r.ip.max_us);
   }
   std::fflush(stdout);
 }
@@ -720,37 +808,34 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
       for (std::size_t i = 0; i < bytes / ti.size; ++i)
         store_value(send[k], i, ti.dtype, pattern(b.rank(), i, ti.dtype, op));
     }
-    const int iters = std::clamp(static_cast<int>(o.budget_bytes / static_cast<double>(bytes)), 3,
-                                 std::max(3, o.iters));
-    const int warmup = std::min(o.warmup, std::max(1, iters / 4));
     Row row;
     row.bytes = bytes;
     row.count = call.count;
-    row.iters = std::min(iters, o.iters);
-    auto fill = [&](Timing& t, double us) {
-      t.us = us;
-      t.algbw = static_cast<double>(bytes) / us / 1e3;
+    auto fill = [&](Timing t) {
+      t.algbw = static_cast<double>(bytes) / t.us / 1e3;
       t.busbw = t.algbw * busbw_factor(coll, n);
+      return t;
     };
     if (has_oop) {
-      fill(row.oop, time_loop(b, row.iters, warmup, [&](int i) {
-             auto k = static_cast<std::size_t>(i) % nbuf;
-             invoke(b, call, send[k], recv[k]);
-           }));
+      row.oop = fill(time_phase(b, o, bytes, [&](int i) {
+        auto k = static_cast<std::size_t>(i) % nbuf;
+        invoke(b, call, send[k], recv[k]);
+      }));
       if (o.check) row.oop.wrong = check_once(b, call, send[0], recv[0], false);
     }
-    fill(row.ip, time_loop(b, row.iters, warmup, [&](int i) {
-           auto k = static_cast<std::size_t>(i) % nbuf;
-           invoke_in_place(b, call, recv[k]);
-         }));
+    row.ip = fill(time_phase(b, o, bytes, [&](int i) {
+      auto k = static_cast<std::size_t>(i) % nbuf;
+      invoke_in_place(b, call, recv[k]);
+    }));
+    row.iters = row.ip.calls;
     if (o.check) row.ip.wrong = check_once(b, call, send[0], recv[0], true);
     if (!o.no_floor)
-      row.floor_us = time_loop(b, row.iters, warmup, [&](int i) {
-        auto k = static_cast<std::size_t>(i) % nbuf;
-        std::memcpy(recv[k], send[k], bytes);
-        // Keep the copy from being optimised away or reordered past the clock.
-        asm volatile("" : : "r"(recv[k]) : "memory");
-      });
+      row.floor_us = time_phase(b, o, bytes, [&](int i) {
+                       auto k = static_cast<std::size_t>(i) % nbuf;
+                       std::memcpy(recv[k], send[k], bytes);
+                       // Keep the copy from being optimised away or reordered past the clock.
+                       asm volatile("" : : "r"(recv[k]) : "memory");
+                     }).us;
     wrong_total += row.oop.wrong + row.ip.wrong;
     busbw_sum += has_oop ? (row.oop.busbw + row.ip.busbw) / 2 : row.ip.busbw;
     if (printer) print_row(o, labels, row, first);

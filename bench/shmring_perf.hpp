@@ -2,7 +2,7 @@
 
 // The shmring side of the *_perf benchmarks: a backend over
 // shmring::Communicator for perf_common.hpp and the main() they share.
-// `-a ring|direct` asks the library for one algorithm through SHMRING_ALGO
+// `-a ring|direct|two_shot` asks the library for one algorithm through SHMRING_ALGO
 // (the variable the core reads to force a path), set before the
 // communicator reads its configuration; `-a auto` leaves it alone.
 
@@ -60,9 +60,9 @@ inline int shmring_perf_main(int argc, char** argv, Collective coll) {
   try {
     validate(o);
     if (o.algorithm != "auto") {
-      if (o.algorithm != "ring" && o.algorithm != "direct")
+      if (o.algorithm != "ring" && o.algorithm != "direct" && o.algorithm != "two_shot")
         throw CLI::ValidationError(
-            fmt::format("-a '{}': expected auto, ring or direct", o.algorithm));
+            fmt::format("-a '{}': expected auto, ring, direct or two_shot", o.algorithm));
       setenv("SHMRING_ALGO", o.algorithm.c_str(), 1);
     }
     ShmringBackend b;

@@ -57,7 +57,8 @@ struct Settings {
   std::size_t limit = 0;      // training samples used; 0: all
   std::size_t test_limit = 0;
   bool print_step_loss = false;
-  bool cosine = true;  // cosine decay of the learning rate to 0 over all epochs
+  bool cosine = true;      // cosine decay of the learning rate to 0 over all epochs
+  bool split_skew = true;  // a barrier before each allreduce separates skew from data time
 };
 
 double seconds(Clock::duration d) {
@@ -191,7 +192,10 @@ int train(shmring::Communicator& comm, const Settings& s) {
     std::shuffle(order.begin(), order.begin() + std::ptrdiff_t(n_train), gen);
 
     double loss_sum = 0, correct = 0, samples = 0;
-    Clock::duration step_time{}, allreduce_time{};
+    Clock::duration step_time{}, allreduce_time{}, skew_time{};
+    // Per step: how long the allreduce moved data once every rank had
+    // arrived (after a barrier that absorbs the ranks' skew), in us.
+    std::vector<double> data_us;
     const auto t_epoch = Clock::now();
     for (std::size_t g = 0; g < steps_per_epoch && (s.max_steps == 0 || step < s.max_steps);
          ++g, ++step) {
@@ -210,9 +214,15 @@ int train(shmring::Communicator& comm, const Settings& s) {
       step_buf[n_params] = float(local_loss);
       step_buf[n_params + 1] = float(local_correct);
 
+      // The barrier takes the time spent waiting for the slowest rank (skew:
+      // its compute ran longer), so that t1..t2 is the data moving alone.
+      const auto t_arrive = Clock::now();
+      if (s.split_skew) comm.barrier();
       const auto t1 = Clock::now();
       comm.allreduce(std::span<float>(step_buf), shmring::ReduceOp::sum);
       const auto t2 = Clock::now();
+      skew_time += t1 - t_arrive;
+      data_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
 
       // Mean gradient of the global batch, then SGD with momentum
       // (v = mu v + g; p -= lr v), identical on every rank.
@@ -241,10 +251,17 @@ int train(shmring::Communicator& comm, const Settings& s) {
     // The allreduce share: mean over ranks, and its spread. A rank that waits
     // for a slower one counts that wait as allreduce time, so the rank with the
     // lowest share is the one closest to the pure cost of the collective.
-    double times[2] = {seconds(allreduce_time), seconds(step_time)};
+    double times[2] = {seconds(allreduce_time + skew_time), seconds(step_time)};
     comm.allreduce(std::span<double>(times, 2), shmring::ReduceOp::sum);
+    // Skew and data time per step, the worst rank's (max over ranks).
+    std::sort(data_us.begin(), data_us.end());
+    const double nsteps = std::max<double>(1, double(data_us.size()));
+    double parts[3] = {seconds(skew_time) * 1e6 / nsteps,
+                       data_us.empty() ? 0.0 : data_us[(data_us.size() - 1) / 2],
+                       std::accumulate(data_us.begin(), data_us.end(), 0.0) / nsteps};
+    comm.allreduce(std::span<double>(parts, 3), shmring::ReduceOp::max);
     const double own_share =
-        step_time.count() > 0 ? seconds(allreduce_time) / seconds(step_time) : 0.0;
+        step_time.count() > 0 ? seconds(allreduce_time + skew_time) / seconds(step_time) : 0.0;
     double share_min = own_share, share_max = own_share;
     comm.allreduce(std::span<double>(&share_min, 1), shmring::ReduceOp::min);
     comm.allreduce(std::span<double>(&share_max, 1), shmring::ReduceOp::max);
@@ -257,6 +274,11 @@ int train(shmring::Communicator& comm, const Settings& s) {
           test_loss / double(n_test), final_accuracy, samples / epoch_s,
           times[1] > 0 ? 100.0 * times[0] / times[1] : 0.0, 100.0 * share_min, 100.0 * share_max,
           epoch_s);
+    if (lead && samples > 0 && s.split_skew)
+      fmt::print(
+          "           allreduce of {} bytes per step: waiting for the slowest rank {:.1f} us, "
+          "moving data {:.1f} us median / {:.1f} us mean (worst rank)\n",
+          step_buf.size() * sizeof(float), parts[0], parts[1], parts[2]);
     std::fflush(stdout);
   }
 
@@ -313,6 +335,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("!--constant-lr", s.cosine,
                "Keep the learning rate constant (default: cosine decay to 0 over --epochs)");
+  app.add_flag("!--no-skew", s.split_skew,
+               "Skip the barrier before each allreduce that splits its time into waiting for "
+               "the slowest rank and moving data");
   app.add_flag("--print-step-loss", s.print_step_loss,
                "Rank 0 prints 'step S loss L' (global mean loss) after every step");
   CLI11_PARSE(app, argc, argv);

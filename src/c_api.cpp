@@ -4,6 +4,7 @@
 #include "shmring/shmring.h"
 
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -12,6 +13,15 @@
 struct shmring_comm {
   shmring::Communicator comm;
   std::string last_error;
+  // Requests hold a weak reference: a request waited for after its
+  // communicator was destroyed reports through the thread's last error only.
+  std::shared_ptr<int> alive = std::make_shared<int>(0);
+};
+
+struct shmring_request {
+  shmring::Request request;
+  shmring_comm_t comm;
+  std::weak_ptr<int> comm_alive;
 };
 
 namespace {
@@ -56,6 +66,24 @@ shmring::DataType dt(shmring_datatype_t d) {
 }
 shmring::ReduceOp op(shmring_reduce_op_t o) {
   return static_cast<shmring::ReduceOp>(o);
+}
+
+// Runs an i-call: *req gets the request, or NULL when the call fails.
+template <class F>
+shmring_result_t start(shmring_comm_t comm, shmring_request_t* req, const char* fn, F&& f) {
+  if (req == nullptr) return null_output(comm, fn, "req");
+  *req = nullptr;
+  return guarded(comm, [&] {
+    auto* r = new shmring_request{f(), comm, comm->alive};
+    *req = r;
+  });
+}
+
+// The result of a completed (or failing) request, recorded as last error.
+template <class F>
+shmring_result_t finish(shmring_request_t r, F&& f) {
+  shmring_comm_t comm = r->comm_alive.expired() ? nullptr : r->comm;
+  return guarded(comm, std::forward<F>(f));
 }
 
 }  // namespace
@@ -153,6 +181,85 @@ shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
 shmring_result_t shmring_comm_abort(shmring_comm_t comm, const char* reason) {
   SHMRING_REQUIRE_COMM(comm);
   return guarded(comm, [&] { comm->comm.abort(reason ? reason : "shmring_comm_abort"); });
+}
+
+// ---- Non-blocking collectives. ----
+
+shmring_result_t shmring_iallreduce(const void* send, void* recv, size_t count,
+                                    shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                    shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.iallreduce(send, recv, count, dt(dtype), op(o)); });
+}
+
+shmring_result_t shmring_ireduce_scatter(const void* send, void* recv, size_t recv_count,
+                                         shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                         shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__, [&] {
+    return comm->comm.ireduce_scatter(send, recv, recv_count, dt(dtype), op(o));
+  });
+}
+
+shmring_result_t shmring_iallgather(const void* send, void* recv, size_t send_count,
+                                    shmring_datatype_t dtype, shmring_comm_t comm,
+                                    shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.iallgather(send, recv, send_count, dt(dtype)); });
+}
+
+shmring_result_t shmring_ibroadcast(void* buffer, size_t count, shmring_datatype_t dtype, int root,
+                                    shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.ibroadcast(buffer, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_ireduce(const void* send, void* recv, size_t count,
+                                 shmring_datatype_t dtype, shmring_reduce_op_t o, int root,
+                                 shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.ireduce(send, recv, count, dt(dtype), op(o), root); });
+}
+
+shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__, [&] { return comm->comm.ibarrier(); });
+}
+
+shmring_result_t shmring_wait(shmring_request_t* req) {
+  if (req == nullptr) return null_output(nullptr, __func__, "req");
+  shmring_request_t r = *req;
+  if (r == nullptr) return SHMRING_SUCCESS;
+  shmring_result_t result = finish(r, [&] { r->request.wait(); });
+  delete r;
+  *req = nullptr;
+  return result;
+}
+
+shmring_result_t shmring_test(shmring_request_t* req, int* done) {
+  if (req == nullptr) return null_output(nullptr, __func__, "req");
+  if (done == nullptr) return null_output(nullptr, __func__, "done");
+  *done = 0;
+  shmring_request_t r = *req;
+  if (r == nullptr) {
+    *done = 1;
+    return SHMRING_SUCCESS;
+  }
+  // A failed request is done too: test() rethrows only once it completed.
+  // (InvalidArgument comes only from a forked child, where it never will.)
+  *done = 1;
+  shmring_result_t result = finish(r, [&] { *done = r->request.test() ? 1 : 0; });
+  if (result == SHMRING_ERR_INVALID_ARGUMENT) *done = 0;
+  return result;
+}
+
+shmring_result_t shmring_request_free(shmring_request_t req) {
+  delete req;  // ~Request waits for a pending collective
+  return SHMRING_SUCCESS;
 }
 
 const char* shmring_get_error_string(shmring_result_t result) {

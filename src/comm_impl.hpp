@@ -4,6 +4,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "layout.hpp"
+#include "placement.hpp"
 #include "segment.hpp"
 #include "shmring/communicator.hpp"
 #include "wait.hpp"
@@ -31,8 +33,9 @@ const char* to_string(CollectiveKind k);
 
 /// Which protocol moves a collective's data (published in the descriptor).
 enum class Algorithm : std::uint32_t {
-  ring = 1,    ///< pipelined slices around the ring (large messages)
-  direct = 2,  ///< one-shot: every rank publishes its data once, readers take it (small)
+  ring = 1,      ///< pipelined slices around the ring (large messages)
+  direct = 2,    ///< one-shot: every rank publishes its data once, readers take it (small)
+  two_shot = 3,  ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
 };
 const char* to_string(Algorithm a);
 
@@ -46,11 +49,29 @@ struct CollectiveDesc {
   Algorithm algorithm = Algorithm::ring;
 };
 
+/// One collective call, as the front (argument checks, descriptor, choice
+/// of algorithm; communicator.cpp) hands it to the engine (Impl::run,
+/// engine.cpp), which runs it on the caller's thread or on the progress
+/// thread. Buffers are the caller's; the engine borrows them until done.
+struct Op {
+  CollectiveDesc desc;  ///< kind invalid: a rejected call (publishes "invalid call")
+  const void* send = nullptr;
+  void* recv = nullptr;   ///< broadcast: the buffer
+  std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
+};
+
+namespace detail {
+class Engine;
+}
+
 struct Communicator::Impl {
+  ~Impl();  // engine.cpp: stops the progress thread before anything else goes
   Config config;
   std::unique_ptr<detail::Segment> seg;
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
   detail::WaitPolicy wait_policy;
+  detail::Unstacker unstacker;
+  int published_cpu = -1;  // what my RankInfo::cpu says
   int rank = 0, size = 1, left = 0, right = 0;
 
   // Ring edge state, all in slices (never reset, like the shared counters).
@@ -76,8 +97,13 @@ struct Communicator::Impl {
   /// awaited, for the message.
   void check_progress(int peer, const char* what, std::chrono::steady_clock::time_point deadline,
                       const detail::Counter& counter, std::uint64_t target);
-  /// Waits until `counter` (owned by `peer`) reaches `target`.
+  /// Waits until `counter` (owned by `peer`) reaches `target`. A wait that
+  /// does not succeed at once first makes sure we do not sit on `peer`'s
+  /// CPU (placement.hpp).
   void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
+  /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
+  /// CPU of the job if it can. Returns false when we stay on peer's CPU.
+  bool keep_off_cpu_of(int peer);
 
   // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.
@@ -133,6 +159,27 @@ struct Communicator::Impl {
 
   std::string describe(const CollectiveDesc& d) const;
 
+  // ---- Engine (engine.cpp). Front functions call execute/submit/reject;
+  // only run() touches the protocol state above, on one thread at a time. ----
+  /// Runs one collective (begin, algo::*, end) on the calling thread.
+  void run(const Op& op);
+  /// A blocking call: inline when nothing is pending, else queued and awaited.
+  void execute(const Op& op);
+  /// A non-blocking call: queued for the progress thread (started now if needed).
+  Request submit(const Op& op);
+  /// A call whose arguments were refused: tells the peers in call order
+  /// (inline, or as a queued marker), then throws `e` on this thread.
+  [[noreturn]] void reject(const InvalidArgumentError& e);
+  /// Publishes an "invalid call" descriptor for collective #collectives and
+  /// ends it (nothing when the communicator is broken).
+  void publish_rejected();
+  /// Collectives completed (mirror of `collectives` readable from any thread).
+  std::atomic<std::uint64_t> completed{0};
+  /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.
+  int progress_cpu = -1;
+  /// Null until the first non-blocking call. Last member: destroyed first.
+  std::unique_ptr<detail::Engine> engine;
+
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,
               int divisor = 1);
@@ -173,6 +220,8 @@ void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, Da
 void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                    DataType dtype, ReduceOp op, int root);
 void barrier_direct(Communicator::Impl& c);
+void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                        DataType dtype, ReduceOp op);
 }  // namespace algo
 
 }  // namespace shmring

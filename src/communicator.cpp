@@ -11,9 +11,11 @@
 
 #include "comm_impl.hpp"
 #include "config.hpp"
+#include "engine.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 #include "log.hpp"
+#include "placement.hpp"
 #include "shmring/version.hpp"
 
 namespace shmring {
@@ -21,7 +23,15 @@ namespace shmring {
 using detail::Clock;
 
 const char* to_string(Algorithm a) {
-  return a == Algorithm::direct ? "direct" : "ring";
+  switch (a) {
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::direct:
+      return "direct";
+    case Algorithm::two_shot:
+      return "two-shot";
+  }
+  return "unknown";
 }
 
 const char* to_string(CollectiveKind k) {
@@ -89,13 +99,36 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
   }
 }
 
+bool Communicator::Impl::keep_off_cpu_of(int peer) {
+  int cpu = detail::current_cpu();
+  if (cpu != published_cpu) {
+    my_area().info.cpu.store(cpu, std::memory_order_relaxed);
+    published_cpu = cpu;
+  }
+  if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
+  int moved = unstacker.move_off(cpu, [&](int c) {
+    for (int r = 0; r < size; ++r)
+      if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
+    return false;
+  });
+  if (moved < 0) return false;
+  my_area().info.cpu.store(moved, std::memory_order_relaxed);
+  published_cpu = moved;
+  return true;
+}
+
 void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                                       const char* what) {
+  if (counter.value.load(std::memory_order_acquire) >= target) return;
+  // Spinning only pays while the peer runs on a CPU of its own; on ours it
+  // would only delay the peer (placement.hpp).
+  detail::WaitPolicy policy = wait_policy;
+  if (!config.oversubscribed && !keep_off_cpu_of(peer)) policy.spin_ns = 0;
   // The deadline bounds each wait, not the whole collective: a huge buffer
   // may take longer than SHMRING_TIMEOUT while every step makes progress.
   // It starts at the first slow check, after the spin and yield phases.
   std::optional<Clock::time_point> wait_deadline;
-  detail::wait_at_least(counter, target, wait_policy, [&] {
+  detail::wait_at_least(counter, target, policy, [&] {
     if (!wait_deadline) wait_deadline = deadline();
     check_progress(peer, what, *wait_deadline, counter, target);
   });
@@ -131,6 +164,8 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   if (kind == CollectiveKind::barrier) return Algorithm::direct;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (config.algorithm == "ring") return Algorithm::ring;
+  if (config.algorithm == "two_shot" && kind == CollectiveKind::allreduce)
+    return Algorithm::two_shot;
   if (config.algorithm == "direct") return Algorithm::direct;
   if (kind == CollectiveKind::allreduce) {
     // Measured crossovers (allreduce_perf, SHMRING_ALGO=direct|ring, float32;
@@ -267,6 +302,7 @@ void Communicator::Impl::end() {
   raised = false;
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
+  completed.store(collectives, std::memory_order_relaxed);
   current.reset();
   step = -1;
 }
@@ -381,6 +417,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.config = detail::resolve_config(options);
   Config& cfg = c.config;
   detail::set_log_rank(cfg.rank);
+  // Checked before attaching, so that a bad value fails alone, at once.
+  cfg.progress_cpu = c.progress_cpu = detail::progress_cpu_from_env(cfg.rank);
   c.rank = cfg.rank;
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;
@@ -408,24 +446,27 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
   c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
   if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
+  c.unstacker = detail::Unstacker(cfg.migrate);
 
   SHMRING_LOG(
       info,
       "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
       "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
-      "yield={}us nt_stores={} ({}) job_cpus={}{}",
+      "yield={}us nt_stores={} ({}) migrate={} job_cpus={}{}",
       SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
       cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
       cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
       cfg.nt_stores == NtStores::automatic ? "auto"
       : cfg.nt_stores == NtStores::always  ? "always"
                                            : "never",
-      detail::copy_streaming_isa(), cfg.job_cpus, cfg.oversubscribed ? " (oversubscribed)" : "");
+      detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus,
+      cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() {
   // In a child forked from this rank, the reduction threads are the parent's
   // (they do not exist here): leave the arena alone rather than join them.
+  // Impl::~Impl does the same for the progress thread (engine.cpp).
   if (impl_ && impl_->seg && impl_->seg->forked_away()) (void)impl_->arena.release();
 }
 Communicator::Communicator(Communicator&&) noexcept = default;
@@ -447,7 +488,7 @@ const Config& Communicator::config() const noexcept {
   return impl_->config;
 }
 std::uint64_t Communicator::collective_count() const noexcept {
-  return impl_->collectives;
+  return impl_->completed.load(std::memory_order_relaxed);
 }
 
 void Communicator::abort(const std::string& reason) {
@@ -523,6 +564,12 @@ void check_disjoint(const Communicator::Impl& c, const char* what, const void* a
 void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
+  publish_rejected();
+  throw e;
+}
+
+void Communicator::Impl::publish_rejected() {
+  if (broken) return;  // the peers hear of the first error instead
   // Peers that called this collective correctly must not wait for us: our
   // descriptor says "invalid call", which they report as a mismatch. When
   // every rank rejects the same call, nobody waits and the communicator
@@ -534,8 +581,7 @@ void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
     announce();
   }
   end();
-  raised = true;  // a later abort is a follow-up of this error
-  throw e;
+  raised = true;  // a later abort is a follow-up of this error (set by the runner)
 }
 
 template <class F>
@@ -543,13 +589,18 @@ void Communicator::Impl::validated(F&& checks) {
   try {
     checks();
   } catch (const InvalidArgumentError& e) {
-    reject_call(e);
+    reject(e);  // in call order: inline, or queued behind pending requests
   }
 }
 
-void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                             ReduceOp op) {
-  Impl& c = *impl_;
+// ---- Front: argument checks and descriptors. Each make_* validates on the
+// caller's thread (a refused call is published in order by reject()) and
+// returns the Op that the engine runs, blocking or not (engine.cpp). ----
+
+namespace {
+
+Op make_allreduce(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                  DataType dtype, ReduceOp op) {
   const char* what = "allreduce";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -561,20 +612,11 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
     check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
   });
   Algorithm a = c.choose(CollectiveKind::allreduce, bytes);
-  c.begin({CollectiveKind::allreduce, count, dtype, op, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::allreduce_direct(c, send, recv, count, dtype, op);
-  } else {
-    algo::allreduce_ring(c, send, recv, count, dtype, op);
-  }
-  c.end();
+  return {{CollectiveKind::allreduce, count, dtype, op, -1, a}, send, recv, bytes};
 }
 
-void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
-                                  DataType dtype, ReduceOp op) {
-  Impl& c = *impl_;
+Op make_reduce_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t recv_count,
+                       DataType dtype, ReduceOp op) {
   const char* what = "reduce_scatter";
   std::size_t bytes = 0, send_bytes = 0;
   c.validated([&] {
@@ -589,19 +631,11 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
                    "recv == send + rank * recv_count");
   });
   Algorithm a = c.choose(CollectiveKind::reduce_scatter, send_bytes);
-  c.begin({CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::reduce_scatter_direct(c, send, recv, recv_count, dtype, op);
-  } else {
-    algo::reduce_scatter_ring(c, send, recv, recv_count, dtype, op);
-  }
-  c.end();
+  return {{CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a}, send, recv, bytes};
 }
 
-void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
-  Impl& c = *impl_;
+Op make_allgather(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                  DataType dtype) {
   const char* what = "allgather";
   std::size_t bytes = 0, recv_bytes = 0;
   c.validated([&] {
@@ -615,19 +649,11 @@ void Communicator::allgather(const void* send, void* recv, std::size_t send_coun
                    "send == recv + rank * send_count");
   });
   Algorithm a = c.choose(CollectiveKind::allgather, bytes);
-  c.begin({CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::allgather_direct(c, send, recv, send_count, dtype);
-  } else {
-    algo::allgather_ring(c, send, recv, send_count, dtype);
-  }
-  c.end();
+  return {{CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a}, send, recv, bytes};
 }
 
-void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
-  Impl& c = *impl_;
+Op make_broadcast(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                  int root) {
   const char* what = "broadcast";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -637,19 +663,11 @@ void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, in
     check_pointer(c, what, "buffer", buffer, bytes);
   });
   Algorithm a = c.choose(CollectiveKind::broadcast, bytes);
-  c.begin({CollectiveKind::broadcast, count, dtype, ReduceOp::sum, root, a});
-  if (c.size > 1) {
-    if (a == Algorithm::direct)
-      algo::broadcast_direct(c, buffer, count, dtype, root);
-    else
-      algo::broadcast_chain(c, buffer, count, dtype, root);
-  }
-  c.end();
+  return {{CollectiveKind::broadcast, count, dtype, ReduceOp::sum, root, a}, buffer, buffer, bytes};
 }
 
-void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype,
-                          ReduceOp op, int root) {
-  Impl& c = *impl_;
+Op make_reduce(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+               DataType dtype, ReduceOp op, int root) {
   const char* what = "reduce";
   std::size_t bytes = 0;
   c.validated([&] {
@@ -664,22 +682,58 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
     }
   });
   Algorithm a = c.choose(CollectiveKind::reduce, bytes);
-  c.begin({CollectiveKind::reduce, count, dtype, op, root, a});
-  if (c.size == 1) {
-    if (bytes > 0 && send != recv) c.copy(recv, send, bytes);
-  } else if (a == Algorithm::direct) {
-    algo::reduce_direct(c, send, recv, count, dtype, op, root);
-  } else {
-    algo::reduce_chain(c, send, recv, count, dtype, op, root);
-  }
-  c.end();
+  return {{CollectiveKind::reduce, count, dtype, op, root, a}, send, recv, bytes};
 }
 
+Op make_barrier() {
+  return {{CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct}};
+}
+
+}  // namespace
+
+void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                             ReduceOp op) {
+  impl_->execute(make_allreduce(*impl_, send, recv, count, dtype, op));
+}
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                  DataType dtype, ReduceOp op) {
+  impl_->execute(make_reduce_scatter(*impl_, send, recv, recv_count, dtype, op));
+}
+void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
+  impl_->execute(make_allgather(*impl_, send, recv, send_count, dtype));
+}
+void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
+  impl_->execute(make_broadcast(*impl_, buffer, count, dtype, root));
+}
+void Communicator::reduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                          ReduceOp op, int root) {
+  impl_->execute(make_reduce(*impl_, send, recv, count, dtype, op, root));
+}
 void Communicator::barrier() {
-  Impl& c = *impl_;
-  c.begin({CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct});
-  if (c.size > 1) algo::barrier_direct(c);
-  c.end();
+  impl_->execute(make_barrier());
+}
+
+Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                                 ReduceOp op) {
+  return impl_->submit(make_allreduce(*impl_, send, recv, count, dtype, op));
+}
+Request Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                      DataType dtype, ReduceOp op) {
+  return impl_->submit(make_reduce_scatter(*impl_, send, recv, recv_count, dtype, op));
+}
+Request Communicator::iallgather(const void* send, void* recv, std::size_t send_count,
+                                 DataType dtype) {
+  return impl_->submit(make_allgather(*impl_, send, recv, send_count, dtype));
+}
+Request Communicator::ibroadcast(void* buffer, std::size_t count, DataType dtype, int root) {
+  return impl_->submit(make_broadcast(*impl_, buffer, count, dtype, root));
+}
+Request Communicator::ireduce(const void* send, void* recv, std::size_t count, DataType dtype,
+                              ReduceOp op, int root) {
+  return impl_->submit(make_reduce(*impl_, send, recv, count, dtype, op, root));
+}
+Request Communicator::ibarrier() {
+  return impl_->submit(make_barrier());
 }
 
 Communicator Communicator::split(int color, int key) {

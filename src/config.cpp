@@ -327,9 +327,10 @@ Config resolve_config_impl(const Options& o, Config& c) {
   if (auto a = env_string("SHMRING_ALGO")) {
     std::string v = *a;
     for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (v != "ring" && v != "direct" && v != "auto")
+    if (v == "two-shot" || v == "twoshot") v = "two_shot";
+    if (v != "ring" && v != "direct" && v != "two_shot" && v != "auto")
       throw InvalidArgumentError(
-          fmt::format("SHMRING_ALGO='{}': expected ring, direct or auto", *a));
+          fmt::format("SHMRING_ALGO='{}': expected ring, direct, two_shot or auto", *a));
     c.algorithm = v;
   }
 
@@ -357,6 +358,7 @@ Config resolve_config_impl(const Options& o, Config& c) {
       throw InvalidArgumentError(
           fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 or never, 1 or always", *raw));
   }
+  if (auto m = env_int("SHMRING_MIGRATE", 0, 1)) c.migrate = *m != 0;
   return c;
 }
 }  // namespace

@@ -13,6 +13,7 @@
 //   allreduce, reduce-scatter, allgather, barrier: every rank checks every rank;
 //   broadcast, reduce: the root checks every rank, the others check the root.
 
+#include "chunking.hpp"
 #include "comm_impl.hpp"
 
 namespace shmring::algo {
@@ -111,6 +112,42 @@ void barrier_direct(Communicator::Impl& c) {
   c.acquire_direct_buffer();
   c.announce();
   wait_all(c);
+}
+
+// ---------------------------------------------------------------------------
+// Two-shot allreduce: a direct reduce-scatter, then a direct allgather.
+//
+// Every rank publishes its whole input in its direct buffer (as the one-shot
+// path does) and announces it. Rank r then reduces chunk r (chunk_range) of
+// every rank's buffer, in rank order, into its output, copies that result
+// back over chunk r of its own buffer (only rank r ever reads chunk r of any
+// buffer in the first phase, so nobody reads what it overwrites) and
+// publishes `reduced` = c+1. Last, it copies every other rank's reduced
+// chunk out of that rank's buffer. Two synchronisations, and each rank reads
+// 2x the buffer instead of the one-shot's N x, at the price of the second
+// synchronisation: it pays from a few ranks and mid sizes on (DESIGN "Small
+// messages"). The buffers are recycled exactly as the one-shot path's.
+
+void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                        DataType dtype, ReduceOp op) {
+  const std::size_t es = datatype_size(dtype);
+  publish_data(c, send, count * es);
+  wait_all(c);
+  auto* out = static_cast<std::byte*>(recv);
+  const detail::Range mine = detail::chunk_range(count, c.size, c.rank);
+  if (mine.count > 0) {
+    reduce_all(c, out + mine.begin * es, mine.begin * es, mine.count, dtype, op);
+    c.copy(c.seg->direct(c.rank, c.collectives % detail::kDirectBuffers) + mine.begin * es,
+           out + mine.begin * es, mine.count * es);
+  }
+  detail::publish(c.my_area().reduced, c.collectives + 1);
+  for (int k = 1; k < c.size; ++k) {
+    const int q = (c.rank + k) % c.size;  // start at different peers: spread the reads
+    const detail::Range theirs = detail::chunk_range(count, c.size, q);
+    c.wait_counter(c.area(q).reduced, c.collectives + 1, q, "a reduced chunk");
+    if (theirs.count > 0)
+      c.copy(out + theirs.begin * es, buffer_of(c, q) + theirs.begin * es, theirs.count * es);
+  }
 }
 
 }  // namespace shmring::algo

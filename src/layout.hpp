@@ -24,7 +24,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -77,6 +77,9 @@ struct alignas(kLine) RankInfo {
   std::atomic<std::int32_t> pid;
   std::atomic<std::uint32_t> state;
   std::atomic<std::uint64_t> host_hash;
+  // The CPU the rank last ran on when one of its waits did not succeed at
+  // once (-1: unknown or asleep); see placement.hpp.
+  std::atomic<std::int32_t> cpu;
   // The rank's affinity mask when it attached (bit c = CPU c), written before
   // `state` is published; the union over ranks tells oversubscription.
   std::atomic<std::uint64_t> cpus[kCpuMaskWords];
@@ -87,6 +90,7 @@ struct RankArea {
   Counter consumed;   // slices of its left neighbour it has finished reading
   Counter announced;  // collectives whose descriptor (and direct data) is published
   Counter done;       // collectives this rank has finished
+  Counter reduced;    // two-shot: collectives whose reduced chunk this rank published
   RankInfo info;
   Descriptor desc[kDescRing];
 };

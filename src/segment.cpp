@@ -172,6 +172,9 @@ bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
   for (int r = 0; r < world_size; ++r) {
     wake(seg.rank_area(r).produced);
     wake(seg.rank_area(r).consumed);
+    wake(seg.rank_area(r).announced);  // a progress thread may sleep on these too
+    wake(seg.rank_area(r).done);
+    wake(seg.rank_area(r).reduced);
   }
   return won;
 }
@@ -291,6 +294,7 @@ std::int64_t linked_ctime_ns(int fd) {
 
 // This process's affinity mask into `info.cpus` (all CPUs if unreadable).
 void publish_cpus(RankInfo& info) {
+  info.cpu.store(-1, std::memory_order_relaxed);  // not known until its first wait
   cpu_set_t set;
   CPU_ZERO(&set);
   const bool known = sched_getaffinity(0, sizeof set, &set) == 0;

@@ -13,6 +13,7 @@
 
 #include "shmring/error.hpp"
 #include "shmring/export.hpp"
+#include "shmring/request.hpp"
 #include "shmring/types.hpp"
 
 namespace shmring {
@@ -56,8 +57,12 @@ struct Config {
   bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
   std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
+  /// SHMRING_MIGRATE: a rank whose wait finds the awaited peer on its own CPU
+  /// moves to a CPU of its mask that no rank occupies (default on).
+  bool migrate = true;
   std::string segment_name;
   std::size_t segment_bytes = 0;
+  int progress_cpu = -1;  ///< SHMRING_PROGRESS_CPU: CPU of the progress thread, -1 unpinned.
 };
 
 /// A group of `world_size` processes on one host that run collectives over one
@@ -69,10 +74,24 @@ struct Config {
 /// MismatchError on every rank. After any error the communicator is broken:
 /// every later call throws AbortedError with the first error's reason.
 ///
-/// Thread safety: one Communicator may be used by one thread at a time;
-/// distinct Communicators may be used concurrently. A process forked from the
-/// one that created it (without exec) cannot use it: every collective there
-/// throws InvalidArgumentError, and its destruction there touches nothing.
+/// Non-blocking collectives (iallreduce, ...): each returns a Request at
+/// once; the communicator's progress thread (started at the first i-call,
+/// asleep while idle, pinned with SHMRING_PROGRESS_CPU) runs requests in call
+/// order. Blocking and non-blocking calls share that order: a blocking call
+/// with nothing pending runs on the caller's thread, otherwise it queues
+/// behind the pending requests and waits. Ranks must agree on the order of
+/// all calls, blocking or not. See Request for the buffer rules.
+///
+/// Thread safety: distinct Communicators may be used concurrently from
+/// different threads. Several threads may use one Communicator only if they
+/// order their calls themselves (a mutex around each call, as in MPI's
+/// THREAD_SERIALIZED): call order is the contract between ranks. abort() is
+/// safe from any thread at any time. Requests may be waited on from any
+/// thread. After fork() a child must not use (nor wait on requests of) a
+/// communicator it inherited: it has no progress thread and no membership.
+/// Its collectives there throw InvalidArgumentError, and destroying it there
+/// touches nothing: the child neither keeps the parent's rank alive nor
+/// speaks for it.
 class SHMRING_API Communicator {
  public:
   /// Rank, world size and job id from the environment: SHMRING_RANK,
@@ -89,6 +108,10 @@ class SHMRING_API Communicator {
   /// Explicit settings; fields left unset come from the environment.
   explicit Communicator(const Options& options);
   Communicator(int rank, int world_size, std::string job_id);
+  /// Not collective. Requests still queued or running are completed first
+  /// (each of their waits bounded by SHMRING_TIMEOUT; on a broken
+  /// communicator they fail at once), then the progress thread is joined:
+  /// no thread outlives the communicator.
   ~Communicator();
   Communicator(Communicator&&) noexcept;
   Communicator& operator=(Communicator&&) noexcept;
@@ -173,11 +196,34 @@ class SHMRING_API Communicator {
     reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of_v<std::remove_cv_t<T>>, op);
   }
 
+  // ---- Non-blocking forms. ----
+  // Same arguments, checks and errors as the blocking forms. Argument errors
+  // (InvalidArgumentError) are thrown at once by the i-call itself (and the
+  // peers are told in call order, so they fail fast with MismatchError);
+  // every other error is delivered by the Request's wait()/test(). The
+  // buffers belong to the collective until the Request is complete.
+
+  /// Non-blocking allreduce(). Throws InvalidArgumentError at once.
+  Request iallreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  /// Non-blocking reduce_scatter().
+  Request ireduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                          ReduceOp op);
+  /// Non-blocking allgather().
+  Request iallgather(const void* send, void* recv, std::size_t send_count, DataType dtype);
+  /// Non-blocking broadcast().
+  Request ibroadcast(void* buffer, std::size_t count, DataType dtype, int root);
+  /// Non-blocking reduce().
+  Request ireduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op,
+                  int root);
+  /// Non-blocking barrier(): complete once every rank has entered it.
+  Request ibarrier();
+
   /// Marks the job aborted: every rank's pending and later collectives throw
   /// AbortedError carrying `reason`. Safe to call from any thread.
   void abort(const std::string& reason);
 
-  /// Collectives issued so far by this rank (the sequence number of the next one).
+  /// Collectives completed so far by this rank (the sequence number of the
+  /// next one to run); requests still queued or running are not counted.
   std::uint64_t collective_count() const noexcept;
 
   struct Impl;

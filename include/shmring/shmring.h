@@ -10,7 +10,17 @@
  * on every rank. After any error other than SHMRING_ERR_INVALID_ARGUMENT the
  * communicator refuses further collectives.
  *
- * Thread safety: one communicator may be used by one thread at a time.
+ * Non-blocking forms (shmring_iallreduce, ...) start a collective and give a
+ * request at once; the communicator's progress thread runs requests in call
+ * order, blocking calls queue behind them. Until shmring_wait (or a
+ * shmring_test that reports done) the buffers belong to the collective: do
+ * not touch them, keep them alive. Argument errors are returned by the
+ * i-call itself (*req is then NULL); other errors by shmring_wait/test.
+ *
+ * Thread safety: distinct communicators may be used from different threads
+ * concurrently; threads sharing one communicator must order their calls
+ * themselves (e.g. a mutex around each call). A request may be waited on
+ * from any thread, one at a time.
  */
 #ifndef SHMRING_SHMRING_H
 #define SHMRING_SHMRING_H
@@ -63,6 +73,8 @@ typedef enum {
 
 /* Opaque communicator. */
 typedef struct shmring_comm* shmring_comm_t;
+/* Opaque handle of a non-blocking collective. */
+typedef struct shmring_request* shmring_request_t;
 
 /* Creates a communicator from the environment (shmrun's SHMRING_RANK,
  * SHMRING_WORLD_SIZE, SHMRING_JOB_ID; else torchrun's, Open MPI's or
@@ -102,6 +114,40 @@ SHMRING_C_API shmring_result_t shmring_reduce(const void* send, void* recv, size
                                               shmring_datatype_t dtype, shmring_reduce_op_t op,
                                               int root, shmring_comm_t comm);
 SHMRING_C_API shmring_result_t shmring_barrier(shmring_comm_t comm);
+/* Non-blocking forms: same arguments and rules as the blocking ones, plus
+ * `req`, which receives the request (NULL when the call itself fails, e.g.
+ * SHMRING_ERR_INVALID_ARGUMENT). Every request must be finished with
+ * shmring_wait, or with shmring_test reporting done then
+ * shmring_request_free. */
+SHMRING_C_API shmring_result_t shmring_iallreduce(const void* send, void* recv, size_t count,
+                                                  shmring_datatype_t dtype, shmring_reduce_op_t op,
+                                                  shmring_comm_t comm, shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ireduce_scatter(const void* send, void* recv,
+                                                       size_t recv_count, shmring_datatype_t dtype,
+                                                       shmring_reduce_op_t op, shmring_comm_t comm,
+                                                       shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_iallgather(const void* send, void* recv, size_t send_count,
+                                                  shmring_datatype_t dtype, shmring_comm_t comm,
+                                                  shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ibroadcast(void* buffer, size_t count,
+                                                  shmring_datatype_t dtype, int root,
+                                                  shmring_comm_t comm, shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ireduce(const void* send, void* recv, size_t count,
+                                               shmring_datatype_t dtype, shmring_reduce_op_t op,
+                                               int root, shmring_comm_t comm,
+                                               shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req);
+/* Blocks until *req is complete, frees it and sets *req to NULL; returns
+ * the collective's result (message: shmring_get_last_error(comm), and
+ * shmring_get_last_error(NULL) on this thread). A NULL *req returns
+ * SHMRING_SUCCESS at once. */
+SHMRING_C_API shmring_result_t shmring_wait(shmring_request_t* req);
+/* Non-blocking: *done = 1 when *req is complete (the result is then the
+ * collective's; the request stays allocated: free it), else 0 and
+ * SHMRING_SUCCESS. */
+SHMRING_C_API shmring_result_t shmring_test(shmring_request_t* req, int* done);
+/* Frees a request (NULL is accepted); a pending one is waited for first. */
+SHMRING_C_API shmring_result_t shmring_request_free(shmring_request_t req);
 /* MPI_Comm_split: ranks passing the same color (>= 0) form *newcomm,
  * ordered by (key, rank). */
 SHMRING_C_API shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "shmring/shmring.hpp"
 
@@ -380,10 +381,96 @@ class PyCommunicator {
   std::atomic<bool> busy_{false};
 };
 
-py::object allreduce(PyCommunicator& self, py::object buffer, ReduceOp op, py::object out) {
+// ---------------------------------------------------------------------------
+// Non-blocking collectives (async_op=True): the Request keeps the views (so
+// the buffer protocol export or DLPack tensor, hence the memory) alive until
+// the collective is complete, then releases them with the GIL held.
+
+/// The buffers one collective borrows, released together.
+struct Held {
+  std::vector<std::unique_ptr<BufferView>> views;
+  BufferView& add() {
+    views.push_back(std::make_unique<BufferView>());
+    return *views.back();
+  }
+};
+
+class PyRequest {
+ public:
+  PyRequest(Request request, Held held, py::object result)
+      : request_(std::move(request)), held_(std::move(held)), result_(std::move(result)) {}
+  PyRequest(const PyRequest&) = delete;
+  PyRequest& operator=(const PyRequest&) = delete;
+  ~PyRequest() {
+    // A pending request must finish before its buffers are released; wait
+    // without the GIL so that other Python threads run meanwhile.
+    if (request_.valid()) {
+      py::gil_scoped_release release;
+      request_ = Request();
+    }
+  }
+
+  bool wait(std::optional<double> timeout) {
+    bool done = true;
+    try {
+      py::gil_scoped_release release;
+      if (timeout)
+        done = request_.wait_for_seconds(*timeout);
+      else
+        request_.wait();
+    } catch (...) {
+      release_buffers();
+      throw;
+    }
+    if (done) release_buffers();
+    return done;
+  }
+
+  bool is_completed() {
+    bool done = false;
+    try {
+      done = request_.test();
+    } catch (...) {
+      release_buffers();
+      throw;
+    }
+    if (done) release_buffers();
+    return done;
+  }
+
+  py::object result() const { return result_; }
+
+ private:
+  void release_buffers() { held_.views.clear(); }
+
+  Request request_;
+  Held held_;
+  py::object result_;
+};
+
+// Runs one collective: blocking (GIL released, one-thread guard), or started
+// with async_op, giving a shmring.Request that holds `held` until complete.
+template <class Blocking, class Start>
+py::object dispatch(PyCommunicator& self, const char* what, bool async_op, Held& held,
+                    py::object result, Blocking&& blocking, Start&& start) {
   Communicator& comm = self.get();
-  BufferView send;
-  BufferView recv_storage;
+  PyCommunicator::Busy busy(self, what);
+  if (async_op) {
+    Request r = start(comm);
+    return py::cast(std::make_unique<PyRequest>(std::move(r), std::move(held), std::move(result)));
+  }
+  {
+    py::gil_scoped_release release;
+    blocking(comm);
+  }
+  return result;
+}
+
+py::object allreduce(PyCommunicator& self, py::object buffer, ReduceOp op, py::object out,
+                     bool async_op) {
+  Held held;
+  BufferView& send = held.add();
+  BufferView& recv_storage = held.add();
   const BufferView* recv = &send;
   if (out.is_none()) {
     send.acquire(buffer, "allreduce: buffer", /*writable=*/true);
@@ -396,12 +483,14 @@ py::object allreduce(PyCommunicator& self, py::object buffer, ReduceOp op, py::o
           "allreduce: buffer holds {} {} elements but out holds {} {} elements; they must match",
           send.count(), to_string(send.dtype()), recv->count(), to_string(recv->dtype())));
   }
-  PyCommunicator::Busy busy(self, "allreduce");
-  {
-    py::gil_scoped_release release;
-    comm.allreduce(send.data(), recv->data(), send.count(), send.dtype(), op);
-  }
-  return out.is_none() ? buffer : out;
+  return dispatch(
+      self, "allreduce", async_op, held, out.is_none() ? buffer : out,
+      [&](Communicator& c) {
+        c.allreduce(send.data(), recv->data(), send.count(), send.dtype(), op);
+      },
+      [&](Communicator& c) {
+        return c.iallreduce(send.data(), recv->data(), send.count(), send.dtype(), op);
+      });
 }
 
 void check_same_type(const char* what, const BufferView& a, const char* a_name, const BufferView& b,
@@ -422,9 +511,10 @@ void run_collective(PyCommunicator& self, const char* what, F&& f) {
 }
 
 py::object reduce_scatter(PyCommunicator& self, py::object send_obj, py::object out_obj,
-                          ReduceOp op) {
+                          ReduceOp op, bool async_op) {
   const int size = self.get().size();
-  BufferView send, out;
+  Held held;
+  BufferView &send = held.add(), &out = held.add();
   send.acquire(send_obj, "reduce_scatter: send", /*writable=*/false);
   out.acquire(out_obj, "reduce_scatter: out", /*writable=*/true);
   check_same_type("reduce_scatter", send, "send", out, "out");
@@ -432,15 +522,20 @@ py::object reduce_scatter(PyCommunicator& self, py::object send_obj, py::object 
     throw InvalidArgumentError(
         fmt::format("reduce_scatter: send holds {} elements, expected size() x out = {} x {} = {}",
                     send.count(), size, out.count(), out.count() * static_cast<std::size_t>(size)));
-  run_collective(self, "reduce_scatter", [&](Communicator& c) {
-    c.reduce_scatter(send.data(), out.data(), out.count(), out.dtype(), op);
-  });
-  return out_obj;
+  return dispatch(
+      self, "reduce_scatter", async_op, held, out_obj,
+      [&](Communicator& c) {
+        c.reduce_scatter(send.data(), out.data(), out.count(), out.dtype(), op);
+      },
+      [&](Communicator& c) {
+        return c.ireduce_scatter(send.data(), out.data(), out.count(), out.dtype(), op);
+      });
 }
 
-py::object allgather(PyCommunicator& self, py::object send_obj, py::object out_obj) {
+py::object allgather(PyCommunicator& self, py::object send_obj, py::object out_obj, bool async_op) {
   const int size = self.get().size();
-  BufferView send, out;
+  Held held;
+  BufferView &send = held.add(), &out = held.add();
   send.acquire(send_obj, "allgather: send", /*writable=*/false);
   out.acquire(out_obj, "allgather: out", /*writable=*/true);
   check_same_type("allgather", send, "send", out, "out");
@@ -448,25 +543,30 @@ py::object allgather(PyCommunicator& self, py::object send_obj, py::object out_o
     throw InvalidArgumentError(fmt::format(
         "allgather: out holds {} elements, expected size() x send = {} x {} = {}", out.count(),
         size, send.count(), send.count() * static_cast<std::size_t>(size)));
-  run_collective(self, "allgather", [&](Communicator& c) {
-    c.allgather(send.data(), out.data(), send.count(), send.dtype());
-  });
-  return out_obj;
+  return dispatch(
+      self, "allgather", async_op, held, out_obj,
+      [&](Communicator& c) { c.allgather(send.data(), out.data(), send.count(), send.dtype()); },
+      [&](Communicator& c) {
+        return c.iallgather(send.data(), out.data(), send.count(), send.dtype());
+      });
 }
 
-py::object broadcast(PyCommunicator& self, py::object buffer, int root) {
+py::object broadcast(PyCommunicator& self, py::object buffer, int root, bool async_op) {
   // The root only reads its buffer; the others write into theirs.
-  BufferView view;
+  Held held;
+  BufferView& view = held.add();
   view.acquire(buffer, "broadcast: buffer", /*writable=*/self.get().rank() != root);
-  run_collective(self, "broadcast", [&](Communicator& c) {
-    c.broadcast(view.data(), view.count(), view.dtype(), root);
-  });
-  return buffer;
+  return dispatch(
+      self, "broadcast", async_op, held, buffer,
+      [&](Communicator& c) { c.broadcast(view.data(), view.count(), view.dtype(), root); },
+      [&](Communicator& c) { return c.ibroadcast(view.data(), view.count(), view.dtype(), root); });
 }
 
-py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root, py::object out) {
+py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root, py::object out,
+                  bool async_op) {
   const bool at_root = self.get().rank() == root;
-  BufferView send, out_storage;
+  Held held;
+  BufferView &send = held.add(), &out_storage = held.add();
   const BufferView* recv = &send;
   send.acquire(buffer, "reduce: buffer", /*writable=*/at_root && out.is_none());
   if (!out.is_none()) {
@@ -478,10 +578,15 @@ py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root
                       send.count(), out_storage.count()));
     recv = &out_storage;
   }
-  run_collective(self, "reduce", [&](Communicator& c) {
-    c.reduce(send.data(), at_root ? recv->data() : nullptr, send.count(), send.dtype(), op, root);
-  });
-  return out.is_none() ? buffer : out;
+  void* recv_data = at_root ? recv->data() : nullptr;
+  return dispatch(
+      self, "reduce", async_op, held, out.is_none() ? buffer : out,
+      [&](Communicator& c) {
+        c.reduce(send.data(), recv_data, send.count(), send.dtype(), op, root);
+      },
+      [&](Communicator& c) {
+        return c.ireduce(send.data(), recv_data, send.count(), send.dtype(), op, root);
+      });
 }
 
 py::dict config_dict(const Config& c) {
@@ -506,6 +611,7 @@ py::dict config_dict(const Config& c) {
   d["oversubscribed"] = c.oversubscribed;
   d["segment_name"] = c.segment_name;
   d["segment_bytes"] = c.segment_bytes;
+  d["progress_cpu"] = c.progress_cpu;
   return d;
 }
 
@@ -567,6 +673,23 @@ PYBIND11_MODULE(_shmring, m) {
   m.def(
       "datatype_size", [](DataType t) { return datatype_size(t); }, py::arg("dtype"),
       "Bytes per element of `dtype`.");
+
+  py::class_<PyRequest>(m, "Request", R"doc(
+A non-blocking collective started with async_op=True. It keeps the buffers
+alive until complete; do not touch them before. Errors of the collective
+(MismatchError, PeerFailureError, TimeoutError, AbortedError) are raised by
+wait() and is_completed(). Dropping a pending Request waits for it.
+)doc")
+      .def("wait", &PyRequest::wait, py::arg("timeout") = py::none(), R"doc(
+Blocks (GIL released) until the collective is complete and returns True, or
+raises its error. With `timeout` (seconds), returns False if it is still
+running then (the request stays pending).
+)doc")
+      .def("is_completed", &PyRequest::is_completed,
+           "True when complete (raises the collective's error if it failed); never blocks.")
+      .def_property_readonly("result", &PyRequest::result,
+                             "The buffer that holds (or will hold) the result, as the blocking "
+                             "form returns it; read it only after wait().");
 
   py::class_<PyCommunicator>(m, "Communicator", R"doc(
 A group of world-size processes on this host running collectives over one
@@ -647,7 +770,7 @@ every later call raises AbortedError. One thread at a time per Communicator.
           "Collectives issued so far by this rank.")
       .def_property_readonly("closed", &PyCommunicator::closed)
       .def("allreduce", &allreduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::kw_only(),
-           py::arg("out") = py::none(), R"doc(
+           py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
 Allreduce: every rank ends with op over all ranks of `buffer`, element-wise.
 
 buffer: a C-contiguous numpy array, torch CPU tensor (through __dlpack__) or
@@ -659,33 +782,46 @@ buffer raises InvalidArgumentError (a ValueError). Returns the buffer that
 holds the result. Releases the GIL while it runs.
 Raises InvalidArgumentError, MismatchError, TimeoutError, PeerFailureError,
 AbortedError.
+
+async_op=True (every collective has it): starts the collective on the
+communicator's progress thread and returns a shmring.Request at once;
+argument errors still raise here, the others from Request.wait(). Until the
+request is complete, do not read or write the buffers (they are kept alive
+by the request).
 )doc")
       .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("out"),
-           py::arg("op") = ReduceOp::sum, R"doc(
+           py::arg("op") = ReduceOp::sum, py::kw_only(), py::arg("async_op") = false, R"doc(
 Reduce-scatter: rank r's `out` (k elements) receives op over ranks of
 send[r*k:(r+1)*k]; `send` holds size*k elements. In place when `out` is that
 slice of `send` (e.g. out = send[rank*k:(rank+1)*k]). Returns `out`.
 )doc")
-      .def("allgather", &allgather, py::arg("send"), py::arg("out"), R"doc(
+      .def("allgather", &allgather, py::arg("send"), py::arg("out"), py::kw_only(),
+           py::arg("async_op") = false, R"doc(
 Allgather: `out` (size*k elements) receives every rank's `send` (k elements)
 in rank order. In place when `send` is out[rank*k:(rank+1)*k]. Returns `out`.
 )doc")
-      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root") = 0, R"doc(
+      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root") = 0, py::kw_only(),
+           py::arg("async_op") = false, R"doc(
 Broadcast: every rank's `buffer` receives root's, in place (the root's may be
 read-only). Returns `buffer`.
 )doc")
       .def("reduce", &reduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::arg("root") = 0,
-           py::kw_only(), py::arg("out") = py::none(), R"doc(
+           py::kw_only(), py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
 Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
 used at the root only); the other ranks' buffers are only read. Returns the
 buffer that holds the result at the root.
 )doc")
       .def(
           "barrier",
-          [](PyCommunicator& self) {
-            run_collective(self, "barrier", [](Communicator& c) { c.barrier(); });
+          [](PyCommunicator& self, bool async_op) {
+            Held held;
+            return dispatch(
+                self, "barrier", async_op, held, py::none(), [](Communicator& c) { c.barrier(); },
+                [](Communicator& c) { return c.ibarrier(); });
           },
-          "Returns once every rank has entered the barrier. Releases the GIL.")
+          py::kw_only(), py::arg("async_op") = false,
+          "Returns once every rank has entered the barrier. Releases the GIL. With "
+          "async_op=True returns a shmring.Request at once.")
       .def(
           "split",
           [](PyCommunicator& self, int color, int key) {

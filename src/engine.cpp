@@ -1,0 +1,300 @@
+#include "engine.hpp"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "log.hpp"
+
+namespace shmring {
+
+// ---------------------------------------------------------------------------
+// Running one collective: begin, the algorithm, end. Shared by blocking and
+// non-blocking calls; the front has checked the arguments and chosen the
+// algorithm.
+
+void Communicator::Impl::run(const Op& o) {
+  const CollectiveDesc& d = o.desc;
+  if (d.kind == CollectiveKind::invalid) {
+    publish_rejected();
+    return;
+  }
+  begin(d);
+  const bool direct = d.algorithm == Algorithm::direct;
+  // World size 1: the result is the input; in-place calls have nothing to do.
+  const bool copy_only = size == 1 && o.bytes > 0 && o.send != o.recv;
+  switch (d.kind) {
+    case CollectiveKind::allreduce:
+      if (size == 1) {
+        if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (direct) {
+        algo::allreduce_direct(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      } else if (d.algorithm == Algorithm::two_shot) {
+        algo::allreduce_two_shot(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      } else {
+        algo::allreduce_ring(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      }
+      break;
+    case CollectiveKind::reduce_scatter:
+      if (size == 1) {
+        if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (direct) {
+        algo::reduce_scatter_direct(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      } else {
+        algo::reduce_scatter_ring(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      }
+      break;
+    case CollectiveKind::allgather:
+      if (size == 1) {
+        if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (direct) {
+        algo::allgather_direct(*this, o.send, o.recv, d.count, d.dtype);
+      } else {
+        algo::allgather_ring(*this, o.send, o.recv, d.count, d.dtype);
+      }
+      break;
+    case CollectiveKind::broadcast:
+      if (size > 1) {
+        if (direct)
+          algo::broadcast_direct(*this, o.recv, d.count, d.dtype, d.root);
+        else
+          algo::broadcast_chain(*this, o.recv, d.count, d.dtype, d.root);
+      }
+      break;
+    case CollectiveKind::reduce:
+      if (size == 1) {
+        if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (direct) {
+        algo::reduce_direct(*this, o.send, o.recv, d.count, d.dtype, d.op, d.root);
+      } else {
+        algo::reduce_chain(*this, o.send, o.recv, d.count, d.dtype, d.op, d.root);
+      }
+      break;
+    case CollectiveKind::barrier:
+      if (size > 1) algo::barrier_direct(*this);
+      break;
+    case CollectiveKind::invalid:
+      break;
+  }
+  end();
+}
+
+void Communicator::Impl::execute(const Op& op) {
+  if (engine) {
+    engine->execute(op);
+  } else {
+    run(op);  // no request was ever started: the caller is the only runner
+  }
+}
+
+Request Communicator::Impl::submit(const Op& op) {
+  if (!engine) engine = std::make_unique<detail::Engine>(*this);
+  return engine->submit(op);
+}
+
+void Communicator::Impl::reject(const InvalidArgumentError& e) {
+  if (engine) engine->reject(e);
+  reject_call(e);
+}
+
+Communicator::Impl::~Impl() {
+  if (engine && engine->inherited()) {
+    // A forked child: the thread is the parent's, and the mutex may be held
+    // by it. Touch nothing; the memory goes with the process.
+    (void)engine.release();
+  }
+  engine.reset();  // drains and joins while the segment is still mapped
+}
+
+namespace detail {
+
+int progress_cpu_from_env(int rank) {
+  const char* v = std::getenv("SHMRING_PROGRESS_CPU");
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  errno = 0;
+  long cpu = std::strtol(v, &end, 10);
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  const bool have_mask = sched_getaffinity(0, sizeof(mask), &mask) == 0;
+  auto allowed = [&] {
+    std::string s;
+    if (!have_mask) return std::string("unknown");
+    for (int i = 0; i < CPU_SETSIZE; ++i)
+      if (CPU_ISSET(i, &mask)) s += fmt::format("{}{}", s.empty() ? "" : ",", i);
+    return s;
+  };
+  if (errno != 0 || end == v || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: SHMRING_PROGRESS_CPU='{}': expected a CPU number (one of this process's CPUs: "
+        "{}) or nothing",
+        rank, v, allowed()));
+  if (have_mask && !CPU_ISSET(static_cast<int>(cpu), &mask))
+    throw InvalidArgumentError(
+        fmt::format("rank {}: SHMRING_PROGRESS_CPU={}: CPU {} is not in this process's affinity "
+                    "mask (CPUs {})",
+                    rank, v, cpu, allowed()));
+  return static_cast<int>(cpu);
+}
+
+Engine::Engine(Communicator::Impl& c) : c_(c), fork_gen_(fork_generation()) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    // Destroyed from an on_complete callback, which the Request docs forbid:
+    // joining would deadlock. The thread leaves the loop after this item.
+    SHMRING_LOG(err,
+                "a communicator was destroyed on its own progress thread (from an "
+                "on_complete callback); its thread is detached");
+    thread_.detach();
+    return;
+  }
+  thread_.join();
+}
+
+void Engine::check_owner() const {
+  if (inherited())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: this communicator started non-blocking collectives in its parent process; a "
+        "forked child (pid {}) cannot use it",
+        c_.rank, getpid()));
+}
+
+void Engine::run_one(const Op& op) {
+  try {
+    c_.run(op);
+  } catch (const std::exception& e) {
+    if (!c_.broken) c_.broken = e.what();
+    throw;
+  }
+}
+
+// The caller's turn to run a collective itself: holds `running_` from
+// construction (under the caller's lock, which it releases) to destruction.
+class Engine::InlineTurn {
+ public:
+  InlineTurn(Engine& e, std::unique_lock<std::mutex>& lock) : e_(e) {
+    e_.running_ = true;
+    lock.unlock();
+  }
+  ~InlineTurn() {
+    bool queued;
+    {
+      std::lock_guard l(e_.mutex_);
+      e_.running_ = false;
+      queued = !e_.queue_.empty();
+    }
+    // A call queued meanwhile (by another thread) may run now. Otherwise the
+    // idle progress thread is left asleep: no wake-up per blocking call.
+    if (queued) e_.cv_.notify_all();
+  }
+  InlineTurn(const InlineTurn&) = delete;
+  InlineTurn& operator=(const InlineTurn&) = delete;
+
+ private:
+  Engine& e_;
+};
+
+void Engine::execute(const Op& op) {
+  check_owner();
+  std::unique_lock lock(mutex_);
+  if (!running_ && queue_.empty()) {
+    // Nothing pending: run on the caller, as before the engine existed.
+    InlineTurn turn(*this, lock);
+    run_one(op);
+    return;
+  }
+  auto state = std::make_shared<RequestState>();
+  queue_.push_back({op, state});
+  lock.unlock();
+  cv_.notify_all();
+  state->wait_until_done(-1);
+}
+
+Request Engine::submit(const Op& op) {
+  check_owner();
+  auto state = std::make_shared<RequestState>();
+  enqueue({op, state});
+  return Request(std::move(state));
+}
+
+void Engine::enqueue(Item item) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_all();
+}
+
+void Engine::reject(const InvalidArgumentError& e) {
+  check_owner();
+  std::unique_lock lock(mutex_);
+  if (!running_ && queue_.empty()) {
+    InlineTurn turn(*this, lock);
+    c_.reject_call(e);  // publishes inline; throws
+  }
+  // Behind pending requests: the marker publishes "invalid call" when its
+  // turn comes, so the peers fail fast in the same order; the caller learns
+  // of its mistake now.
+  Op marker;
+  marker.desc = {CollectiveKind::invalid, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::ring};
+  queue_.push_back({marker, nullptr});
+  lock.unlock();
+  cv_.notify_all();
+  throw e;
+}
+
+void Engine::loop() {
+  pthread_setname_np(pthread_self(), "shmring-progress");
+  if (c_.progress_cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(c_.progress_cpu, &set);
+    if (int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set); rc != 0)
+      SHMRING_LOG(warn, "SHMRING_PROGRESS_CPU={}: pinning the progress thread failed: {}",
+                  c_.progress_cpu, std::strerror(rc));
+  }
+  SHMRING_LOG(debug, "progress thread started (cpu {})", c_.progress_cpu);
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    // Sleeps (no spinning) until there is work that nobody else is running.
+    cv_.wait(lock, [&] { return (!queue_.empty() && !running_) || (stop_ && queue_.empty()); });
+    if (queue_.empty()) return;  // stop_, all done
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      run_one(item.op);
+    } catch (...) {
+      error = std::current_exception();
+      if (!item.state) SHMRING_LOG(debug, "a rejected call's marker failed (ignored)");
+    }
+    lock.lock();
+    running_ = false;
+    if (item.state) {
+      // Completed without the engine's lock: the callback may take its own.
+      lock.unlock();
+      item.state->complete(error);
+      lock.lock();
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace shmring

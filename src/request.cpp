@@ -1,0 +1,155 @@
+#include "request.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "log.hpp"
+#include "shmring/error.hpp"
+
+namespace shmring {
+namespace detail {
+
+namespace {
+std::atomic<unsigned> g_fork_generation{0};
+void on_fork_child() {
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+unsigned fork_generation() {
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, on_fork_child);
+    return true;
+  }();
+  (void)registered;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+RequestState::RequestState() : fork_gen(fork_generation()) {}
+
+void RequestState::complete(std::exception_ptr e) {
+  std::function<void(std::exception_ptr)> cb;
+  {
+    std::lock_guard lock(mutex);
+    done = true;
+    error = e;
+    cb = std::move(callback);
+    callback = nullptr;
+  }
+  cv.notify_all();
+  if (cb) {
+    try {
+      cb(e);
+    } catch (const std::exception& x) {
+      SHMRING_LOG(err, "a Request's on_complete callback threw (ignored): {}", x.what());
+    } catch (...) {
+      SHMRING_LOG(err, "a Request's on_complete callback threw (ignored)");
+    }
+  }
+}
+
+namespace {
+[[noreturn]] void throw_inherited() {
+  throw InvalidArgumentError(fmt::format(
+      "process {}: this Request was started by the parent process before fork(); a forked child "
+      "cannot wait for it (the progress thread that runs it stayed in the parent)",
+      getpid()));
+}
+}  // namespace
+
+bool RequestState::wait_until_done(double timeout_s) {
+  if (fork_gen != fork_generation()) throw_inherited();
+  std::unique_lock lock(mutex);
+  if (timeout_s < 0) {
+    cv.wait(lock, [&] { return done; });
+  } else {
+    // Capped so that the conversion to the clock's ticks cannot overflow.
+    cv.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s, 1e7)),
+                [&] { return done; });
+  }
+  if (!done) return false;
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
+bool RequestState::done_or_throw() {
+  if (fork_gen != fork_generation()) throw_inherited();
+  std::lock_guard lock(mutex);
+  if (!done) return false;
+  if (error) std::rethrow_exception(error);
+  return true;
+}
+
+}  // namespace detail
+
+Request::Request() noexcept = default;
+
+Request::Request(std::shared_ptr<detail::RequestState> state) noexcept : state_(std::move(state)) {}
+
+namespace {
+// Waits for `state` (errors swallowed), as destroying a pending Request does.
+// In a forked child the parent's request is never waited for (it would never
+// complete here) and its state is left alone: its mutex may have been held
+// by a thread the child does not have.
+void settle(std::shared_ptr<detail::RequestState>& state) noexcept {
+  if (!state) return;
+  if (state->fork_gen != detail::fork_generation()) {
+    new std::shared_ptr<detail::RequestState>(std::move(state));  // leaked on purpose
+    return;
+  }
+  try {
+    state->wait_until_done(-1);
+  } catch (...) {
+  }
+  state.reset();
+}
+}  // namespace
+
+Request::~Request() {
+  settle(state_);
+}
+
+Request::Request(Request&& other) noexcept = default;
+
+Request& Request::operator=(Request&& other) noexcept {
+  if (this != &other) {
+    settle(state_);
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+void Request::wait() {
+  if (state_) state_->wait_until_done(-1);
+}
+
+bool Request::test() {
+  return !state_ || state_->done_or_throw();
+}
+
+bool Request::wait_for_seconds(double timeout_s) {
+  if (!state_) return true;
+  return state_->wait_until_done(timeout_s < 0 ? 0 : timeout_s);
+}
+
+void Request::on_complete(std::function<void(std::exception_ptr)> fn) {
+  if (!fn) return;
+  if (state_) {
+    std::unique_lock lock(state_->mutex);
+    if (!state_->done) {
+      state_->callback = std::move(fn);
+      return;
+    }
+  }
+  std::exception_ptr e = state_ ? state_->error : nullptr;
+  fn(e);
+}
+
+}  // namespace shmring

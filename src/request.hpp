@@ -1,0 +1,42 @@
+#pragma once
+
+// The shared state behind a shmring::Request: completed once by the thread
+// that ran the collective (the progress thread), waited on by any thread.
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+
+#include "shmring/request.hpp"
+
+namespace shmring::detail {
+
+/// Bumped in every child right after fork() (pthread_atfork): an object that
+/// recorded another generation was inherited, and its threads did not come
+/// along. The first call registers the handler.
+unsigned fork_generation();
+
+struct RequestState {
+  RequestState();
+
+  /// Marks the request complete with `error` (null: success), wakes the
+  /// waiters, then runs the on_complete callback on this thread.
+  void complete(std::exception_ptr error);
+
+  /// Waits until complete or until `deadline_s` seconds passed (negative:
+  /// forever); true when complete. Throws InvalidArgumentError in a forked
+  /// child for a request still pending in its parent.
+  bool wait_until_done(double timeout_s);
+  /// True once complete; rethrows the error then.
+  bool done_or_throw();
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+  std::function<void(std::exception_ptr)> callback;
+  const unsigned fork_gen;  // fork_generation() at creation
+};
+
+}  // namespace shmring::detail

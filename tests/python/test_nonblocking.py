@@ -1,0 +1,64 @@
+"""Non-blocking collectives (async_op=True) across real processes, one per
+rank (nonblocking_worker.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, assert_all_ok, shm_entries, unique_job_id
+
+
+def run_worker(scenario, size, timeout=240):
+    job_id = unique_job_id("nb-" + scenario)
+    procs = [subprocess.Popen(
+        [sys.executable, str(HERE / "nonblocking_worker.py"), scenario, str(r), str(size), job_id],
+        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(size)]
+    results = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            results.append((p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert shm_entries(job_id) == [], f"segment left in /dev/shm: {shm_entries(job_id)}"
+    return results
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_collective_async_equals_blocking(size):
+    """numpy and torch buffers, all requests in flight, waited in reverse."""
+    assert_all_ok(run_worker("family", size))
+
+
+def test_wait_timeout_and_is_completed():
+    assert_all_ok(run_worker("timeout", 2))
+
+
+def test_errors_reach_wait_on_every_rank():
+    assert_all_ok(run_worker("errors", 3))
+
+
+def test_gil_released_while_waiting():
+    assert_all_ok(run_worker("gil", 2))
+
+
+def test_single_rank_request_api(job_id):
+    import numpy as np
+    import shmring
+
+    with shmring.Communicator(rank=0, size=1, job_id=job_id) as c:
+        a = np.arange(10, dtype=np.float32)
+        out = np.zeros_like(a)
+        r = c.allreduce(a, out=out, async_op=True)
+        assert isinstance(r, shmring.Request)
+        assert r.wait() is True and r.is_completed() and r.result is out
+        assert np.array_equal(out, a)
+        assert c.barrier(async_op=True).wait(timeout=5) is True
+        with pytest.raises(ValueError, match="avg"):
+            c.allreduce(np.arange(3, dtype=np.int32), shmring.ReduceOp.AVG, async_op=True)
