@@ -85,8 +85,6 @@ struct Communicator::Impl {
   int step = -1;
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
-  // This rank rejected its last call's arguments (InvalidArgumentError).
-  bool raised = false;
 
   detail::RankArea& my_area() { return seg->rank_area(rank); }
   detail::RankArea& area(int r) { return seg->rank_area(r); }

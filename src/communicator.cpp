@@ -199,7 +199,12 @@ void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
   // A rank's first error carries the job's first error (its class and its
   // words); every later one reads "unusable after an earlier error" on every
   // rank alike, whichever error this rank saw first.
-  const bool follow_up = broken.has_value() || raised;
+  // This rank's own InvalidArgumentError was its first error when the job's
+  // is the mismatch its peers found in that rejected call.
+  const bool blames_my_call =
+      a.code == static_cast<std::uint32_t>(ErrorCode::mismatch) &&
+      a.reason.find(fmt::format("rank {} made an invalid call", rank)) != std::string::npos;
+  const bool follow_up = broken.has_value() || blames_my_call;
   broken = a.reason;
   if (follow_up) throw AbortedError(unusable_message());
   throw_error(static_cast<ErrorCode>(a.code), a.reason);
@@ -299,7 +304,6 @@ void Communicator::Impl::check_descriptor(int peer) {
 }
 
 void Communicator::Impl::end() {
-  raised = false;
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);
@@ -581,7 +585,6 @@ void Communicator::Impl::publish_rejected() {
     announce();
   }
   end();
-  raised = true;  // a later abort is a follow-up of this error (set by the runner)
 }
 
 template <class F>
