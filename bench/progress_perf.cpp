@@ -5,7 +5,9 @@
 // returns from wait() at once; one that progresses only inside its calls
 // (Open MPI's MPI_Iallreduce over shared memory) does the whole collective
 // inside wait(). Prints, per rank, min / median / max of the wait() time over
-// --rounds rounds, next to the time of the same allreduce, blocking.
+// --rounds rounds, next to the time of the same allreduce, blocking; then
+// the time per call of --latency-iters 8-byte allreduces, blocking and
+// started + waited (what the hop to the progress thread costs).
 //
 //   build/tools/shmrun -n 2 -- build/bench/progress_perf --bytes 64M --sleep-ms 500 --rounds 5
 //   mpirun --allow-run-as-root --oversubscribe -np 2 build/bench/mpi_progress_perf --bytes 64M
@@ -108,10 +110,15 @@ Stats stats(std::vector<double> v) {
 int run(int argc, char** argv, Backend& b) {
   CLI::App app{"Time of wait() after a non-blocking allreduce and a sleep without library calls"};
   std::string bytes_s = "64M";
-  int sleep_ms = 500, rounds = 5;
+  int sleep_ms = 500, rounds = 5, latency_iters = 2000;
   app.add_option("--bytes", bytes_s, "Message size (float32 elements x 4), e.g. 64M")
       ->capture_default_str();
   app.add_option("--sleep-ms", sleep_ms, "Sleep between start and wait, ms")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--latency-iters", latency_iters,
+                 "Also time 8-byte calls, blocking vs start+wait (the thread hop), this many "
+                 "(0: skip)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--rounds", rounds, "Rounds (after one warm-up)")
@@ -160,16 +167,43 @@ int run(int argc, char** argv, Backend& b) {
     if (r > 0) wait_ms.push_back(ms_since(t0));
     if (!verify("non-blocking")) return 1;
   }
+  // Small messages: what the progress thread's hop costs per call.
+  double lat_blocking_us = 0, lat_nonblocking_us = 0;
+  if (latency_iters > 0) {
+    float small[2];
+    auto time_calls = [&](bool nonblocking) {
+      std::vector<double> per_round;
+      for (int round = 0; round < 5; ++round) {
+        b.barrier();
+        auto t0 = Clock::now();
+        for (int i = 0; i < latency_iters; ++i) {
+          if (nonblocking) {
+            b.start(small, 2);
+            b.wait();
+          } else {
+            b.blocking(small, 2);
+          }
+        }
+        per_round.push_back(ms_since(t0) * 1000 / latency_iters);
+      }
+      return stats(per_round).median;
+    };
+    small[0] = small[1] = 0;
+    lat_blocking_us = time_calls(false);
+    lat_nonblocking_us = time_calls(true);
+  }
   Stats w = stats(wait_ms), k = stats(blocking_ms);
-  auto all = b.gather({w.min, w.median, w.max, k.median});
+  auto all = b.gather({w.min, w.median, w.max, k.median, lat_blocking_us, lat_nonblocking_us});
   if (b.rank == 0) {
     std::printf("# %s: %zu bytes, N=%d, sleep %d ms, %d rounds\n", b.name, count * sizeof(float),
                 b.size, sleep_ms, rounds);
-    std::printf("# %4s %14s %14s %14s %18s\n", "rank", "wait_min_ms", "wait_med_ms", "wait_max_ms",
-                "blocking_med_ms");
-    for (int q = 0; q < b.size; ++q)
-      std::printf("  %4d %14.3f %14.3f %14.3f %18.3f\n", q, all[4 * q], all[4 * q + 1],
-                  all[4 * q + 2], all[4 * q + 3]);
+    std::printf("# %4s %14s %14s %14s %18s %16s %16s\n", "rank", "wait_min_ms", "wait_med_ms",
+                "wait_max_ms", "blocking_med_ms", "8B_blocking_us", "8B_start_wait_us");
+    for (int q = 0; q < b.size; ++q) {
+      const double* v = &all[6 * static_cast<std::size_t>(q)];
+      std::printf("  %4d %14.3f %14.3f %14.3f %18.3f %16.3f %16.3f\n", q, v[0], v[1], v[2], v[3],
+                  v[4], v[5]);
+    }
   }
   return 0;
 }

@@ -22,6 +22,17 @@ per-step ratio.
 
 shmrun sets RANK / WORLD_SIZE (and SHMRING_*); with gloo, MASTER_ADDR and
 MASTER_PORT default to 127.0.0.1 and a port derived from the job id.
+
+--ddp trains the same model with torch's own, unmodified
+DistributedDataParallel over torch.distributed, with --backend shmring (the
+backend registered by `import shmring.torch`) or gloo, under torchrun or
+shmrun (both set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT):
+
+    build/tools/shmrun -n 4 -- /usr/bin/python3 examples/train_torch.py --ddp --model cnn
+    torchrun --nproc_per_node 4 --redirects 2 --tee 2 examples/train_torch.py --ddp --backend gloo
+
+(Debian 12's torchrun needs --redirects 2 --tee 2: with its default it stops
+at start with "AttributeError: 'NoneType' object has no attribute 'get'".)
 """
 
 import argparse
@@ -276,7 +287,16 @@ def main():
     ap.add_argument("--data", default=DEFAULT_DATA, help="folder with the Fashion-MNIST .gz files")
     ap.add_argument("--dump-params", metavar="DIR",
                     help="write the final parameters to DIR/params_rank<R>.npy")
+    ap.add_argument("--ddp", action="store_true",
+                    help="train with torch's DistributedDataParallel over torch.distributed "
+                         "(--backend shmring or gloo)")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                    help="--ddp: DDP's bucket_cap_mb (its default is 25)")
+    ap.add_argument("--hook", choices=["none", "allreduce", "fp16", "powersgd"], default="none",
+                    help="--ddp: DDP communication hook")
     args = ap.parse_args()
+    if args.ddp:
+        return main_ddp(args)
 
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -397,6 +417,116 @@ def main():
         f"test_acc={test_acc:.4f} "
         f"test_loss={test_loss:.4f}", flush=True)
     backend.close()
+
+
+def main_ddp(args):
+    """Trains with DistributedDataParallel: gradients are averaged by DDP's
+    bucketed, asynchronous allreduces during backward."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if args.backend == "both":
+        raise SystemExit("train_torch: --ddp takes --backend shmring or gloo")
+    if args.backend == "shmring":
+        import_shmring()
+        import shmring.torch  # noqa: F401  registers the backend "shmring"
+    else:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise SystemExit("train_torch: --ddp needs MASTER_ADDR and MASTER_PORT (run it under "
+                         "torchrun or shmrun)")
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.batch_size % world_size:
+        raise SystemExit(f"train_torch: --batch-size {args.batch_size} is not a multiple of the "
+                         f"world size {world_size}")
+    local_batch = args.batch_size // world_size
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)
+    dist.init_process_group(args.backend, init_method="env://", rank=rank, world_size=world_size)
+
+    # DDP broadcasts rank 0's parameters and buffers at construction.
+    model = DDP(make_model(args.model), bucket_cap_mb=args.bucket_cap_mb)
+    if args.hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        if args.hook == "allreduce":
+            model.register_comm_hook(None, default_hooks.allreduce_hook)
+        elif args.hook == "fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        else:
+            state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                           start_powerSGD_iter=2, random_seed=args.seed)
+            model.register_comm_hook(state, powersgd.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    n_params = sum(p.numel() for p in model.parameters())
+    log = print if rank == 0 else (lambda *a, **k: None)
+    log(f"train_torch: DDP backend={args.backend} model={args.model} params={n_params} "
+        f"ranks={world_size} global_batch={args.batch_size} bucket_cap_mb={args.bucket_cap_mb} "
+        f"hook={args.hook}", flush=True)
+
+    steps_per_epoch = len(train_y) // args.batch_size
+    if steps_per_epoch == 0:
+        raise SystemExit(f"train_torch: --batch-size {args.batch_size} is larger than the "
+                         f"{len(train_y)} training images: no step would run")
+
+    def evaluate_ddp():
+        model.eval()
+        share = slice(rank, None, world_size)
+        stats = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        with torch.no_grad():
+            for i in range(0, len(test_y[share]), 1000):
+                x = to_input(test_x[share][i:i + 1000])
+                y = torch.from_numpy(test_y[share][i:i + 1000])
+                out = model.module(x)
+                stats[0] += F.cross_entropy(out, y, reduction="sum").item()
+                stats[1] += (out.argmax(1) == y).sum().item()
+                stats[2] += len(y)
+        dist.all_reduce(stats)
+        model.train()
+        return stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
+
+    step_times = []
+    step = 0
+    done = False
+    test_loss = test_acc = float("nan")
+    for epoch in range(args.epochs):
+        perm = np.random.default_rng(args.seed + epoch).permutation(len(train_y))
+        for s in range(steps_per_epoch):
+            t_step = time.perf_counter()
+            lo = s * args.batch_size + rank * local_batch
+            idx = perm[lo:lo + local_batch]
+            x, y = to_input(train_x[idx]), torch.from_numpy(train_y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()  # DDP's bucket allreduces run while backward goes on
+            opt.step()
+            step_times.append(time.perf_counter() - t_step)
+            step += 1
+            if rank == 0 and (step % args.log_every == 0 or step == 1):
+                log(f"epoch {epoch + 1}/{args.epochs} step {step:5d}  loss {loss.item():.4f}  "
+                    f"step {step_times[-1] * 1e3:8.2f} ms", flush=True)
+            if args.max_steps and step >= args.max_steps:
+                done = True
+                break
+        test_loss, test_acc = evaluate_ddp()
+        log(f"epoch {epoch + 1}/{args.epochs} done: test loss {test_loss:.4f}  "
+            f"test accuracy {test_acc:.4f}", flush=True)
+        if done:
+            break
+
+    if args.dump_params:
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        os.makedirs(args.dump_params, exist_ok=True)
+        np.save(os.path.join(args.dump_params, f"params_rank{rank}.npy"), flat.numpy())
+    step_ms = [t * 1e3 for t in (step_times[args.warmup:] or step_times)]
+    log(f"RESULT ddp backend={args.backend} model={args.model} ranks={world_size} steps={step} "
+        f"bucket_cap_mb={args.bucket_cap_mb} hook={args.hook} "
+        f"step_mean_ms={statistics.mean(step_ms):.2f} "
+        f"step_median_ms={statistics.median(step_ms):.2f} "
+        f"test_acc={test_acc:.4f} test_loss={test_loss:.4f}", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -13,9 +13,14 @@
 // right neighbour reads at the end: every rank then writes and reads at least
 // one slot per collective, which keeps each rank's counters in step with its
 // neighbours' and bounds how far ahead a neighbour can run.
+//
+// float16 / bfloat16 sum, prod and avg (reduce_steps.hpp): position 1 sends
+// its raw input, positions 2..N-1 send float64 partials, and the root rounds
+// once (dividing by N for avg); slices are then slot_bytes / 8 elements.
 
 #include "chunking.hpp"
 #include "comm_impl.hpp"
+#include "reduce_steps.hpp"
 
 namespace shmring::algo {
 
@@ -71,9 +76,8 @@ void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size
   const int n = c.size;
   const int pos = detail::ring_mod(c.rank - root, n);
   const std::size_t es = datatype_size(dtype);
-  const std::size_t slice_elems = c.seg->slot_bytes() / es;
+  const std::size_t slice_elems = reduction_slice_elems(c.seg->slot_bytes(), dtype, op, n);
   const std::size_t slices = slices_for(count, slice_elems);
-  const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   if (pos == 0) write_token(c);
@@ -88,15 +92,12 @@ void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size
     } else if (pos > 1) {
       const std::byte* src = c.wait_recv_slot();
       std::byte* dst = c.acquire_send_slot();
-      c.reduce(dst, src, in + begin * es, m, dtype, step_op);
+      partial_step(c, dst, src, /*src_partial=*/pos > 2, in + begin * es, m, dtype, op);
       c.publish_send();
       c.release_recv();
     } else {
       const std::byte* src = c.wait_recv_slot();
-      if (op == ReduceOp::avg)
-        c.reduce(out + begin * es, src, in + begin * es, m, dtype, ReduceOp::avg, n);
-      else
-        c.reduce(out + begin * es, src, in + begin * es, m, dtype, op);
+      final_step(c, out + begin * es, src, /*src_partial=*/n > 2, in + begin * es, m, dtype, op, n);
       c.release_recv();
     }
   }

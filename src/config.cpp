@@ -364,3 +364,12 @@ Config resolve_config_impl(const Options& o, Config& c) {
 }  // namespace
 
 }  // namespace shmring::detail
+
+namespace shmring {
+
+// The public face of detail::host_hash(), for layers above the core.
+std::uint64_t host_identity() {
+  return detail::host_hash();
+}
+
+}  // namespace shmring

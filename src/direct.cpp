@@ -6,7 +6,8 @@
 // read the peers' buffers straight from shared memory: one synchronisation
 // instead of the ring's 2(N-1) steps, at the price of reading N buffers.
 // Reductions combine ranks in rank order 0, 1, ..., N-1, so every rank gets
-// the same bits. A buffer is reused two collectives later, once every rank
+// the same bits (reduce_in_rank_order; float16 / bfloat16 sum, prod and avg
+// accumulate in float64 and round once). A buffer is reused two collectives later, once every rank
 // has finished the collective that read it (the `done` counters).
 //
 // Who checks whom (so that any disagreement is seen by someone):
@@ -15,6 +16,7 @@
 
 #include "chunking.hpp"
 #include "comm_impl.hpp"
+#include "reduce_steps.hpp"
 
 namespace shmring::algo {
 
@@ -32,16 +34,9 @@ const std::byte* buffer_of(Communicator::Impl& c, int q) {
 // out[i] = op over ranks q of (buffer q + offset)[i], in rank order.
 void reduce_all(Communicator::Impl& c, std::byte* out, std::size_t offset_bytes, std::size_t m,
                 DataType dtype, ReduceOp op) {
-  const int n = c.size;
-  const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;
-  for (int q = 1; q < n; ++q) {
-    const std::byte* a = q == 1 ? buffer_of(c, 0) + offset_bytes : out;
-    const std::byte* b = buffer_of(c, q) + offset_bytes;
-    if (q == n - 1 && op == ReduceOp::avg)
-      c.reduce(out, a, b, m, dtype, ReduceOp::avg, n);
-    else
-      c.reduce(out, a, b, m, dtype, step_op);
-  }
+  reduce_in_rank_order(
+      c, out, [&c, offset_bytes](int q) { return buffer_of(c, q) + offset_bytes; }, c.size, m,
+      dtype, op);
 }
 
 void publish_data(Communicator::Impl& c, const void* data, std::size_t bytes) {

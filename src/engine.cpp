@@ -5,7 +5,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -156,12 +158,11 @@ Engine::~Engine() {
   if (!thread_.joinable()) return;
   if (thread_.get_id() == std::this_thread::get_id()) {
     // Destroyed from an on_complete callback, which the Request docs forbid:
-    // joining would deadlock. The thread leaves the loop after this item.
-    SHMRING_LOG(err,
-                "a communicator was destroyed on its own progress thread (from an "
-                "on_complete callback); its thread is detached");
-    thread_.detach();
-    return;
+    // joining would deadlock and going on would run on freed memory.
+    std::fprintf(stderr,
+                 "shmring: fatal: a communicator was destroyed on its own progress thread (from "
+                 "a Request's on_complete callback, which must not call into shmring)\n");
+    std::abort();
   }
   thread_.join();
 }
@@ -218,8 +219,9 @@ void Engine::execute(const Op& op) {
     run_one(op);
     return;
   }
-  auto state = std::make_shared<RequestState>();
+  auto state = new_state();
   queue_.push_back({op, state});
+  pending_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
   cv_.notify_all();
   state->wait_until_done(-1);
@@ -227,7 +229,7 @@ void Engine::execute(const Op& op) {
 
 Request Engine::submit(const Op& op) {
   check_owner();
-  auto state = std::make_shared<RequestState>();
+  auto state = new_state();
   enqueue({op, state});
   return Request(std::move(state));
 }
@@ -236,6 +238,7 @@ void Engine::enqueue(Item item) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(item));
+    pending_.store(queue_.size(), std::memory_order_release);
   }
   cv_.notify_all();
 }
@@ -253,9 +256,31 @@ void Engine::reject(const InvalidArgumentError& e) {
   Op marker;
   marker.desc = {CollectiveKind::invalid, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::ring};
   queue_.push_back({marker, nullptr});
+  pending_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
   cv_.notify_all();
   throw e;
+}
+
+std::shared_ptr<RequestState> Engine::new_state() const {
+  return std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+}
+
+void Engine::poll_for_work() {
+  const auto start = Clock::now();
+  // At most 200 us of yielding (oversubscribed ranks yield 2 ms in a wait):
+  // an idle thread must not hold a core another rank needs.
+  constexpr std::int64_t kMaxIdleYieldNs = 200'000;
+  const std::int64_t spin = c_.wait_policy.spin_ns,
+                     total = spin + std::min(c_.wait_policy.yield_ns, kMaxIdleYieldNs);
+  for (std::int64_t spent = 0; spent < total; spent = (Clock::now() - start).count()) {
+    if (pending_.load(std::memory_order_acquire) != 0) return;
+    if (spent < spin) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+    } else {
+      sched_yield();
+    }
+  }
 }
 
 void Engine::loop() {
@@ -271,11 +296,19 @@ void Engine::loop() {
   SHMRING_LOG(debug, "progress thread started (cpu {})", c_.progress_cpu);
   std::unique_lock lock(mutex_);
   for (;;) {
-    // Sleeps (no spinning) until there is work that nobody else is running.
+    if (queue_.empty() && !stop_) {
+      // Idle: poll briefly (the communicator's spin and yield phases, as any
+      // wait), so that back-to-back requests (DDP's buckets) start without a
+      // futex wake-up; then sleep until there is work.
+      lock.unlock();
+      poll_for_work();
+      lock.lock();
+    }
     cv_.wait(lock, [&] { return (!queue_.empty() && !running_) || (stop_ && queue_.empty()); });
     if (queue_.empty()) return;  // stop_, all done
     Item item = std::move(queue_.front());
     queue_.pop_front();
+    pending_.store(queue_.size(), std::memory_order_release);
     running_ = true;
     lock.unlock();
     std::exception_ptr error;

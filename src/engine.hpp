@@ -12,6 +12,7 @@
 // inline; otherwise calls are queued and the progress thread takes them one
 // by one. The mutex hand-off orders one runner's writes before the next's.
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -53,6 +54,10 @@ class Engine {
   void check_owner() const;
   void enqueue(Item item);
   void loop();
+  /// Returns when a request is queued or after the wait policy's spin and
+  /// yield phases, whichever comes first.
+  void poll_for_work();
+  std::shared_ptr<RequestState> new_state() const;
   /// Runs op on this thread; an error that did not already break the
   /// communicator breaks it (every later call must fail as this one did).
   void run_one(const Op& op);
@@ -61,7 +66,8 @@ class Engine {
   std::mutex mutex_;
   std::condition_variable cv_;  // the progress thread sleeps here when idle
   std::deque<Item> queue_;
-  bool running_ = false;  // a collective is running (inline or on the thread)
+  std::atomic<std::size_t> pending_{0};  // queue_.size(), for polling without the mutex
+  bool running_ = false;                 // a collective is running (inline or on the thread)
   bool stop_ = false;
   const unsigned fork_gen_;
   std::thread thread_;

@@ -12,6 +12,7 @@
 
 #include "log.hpp"
 #include "shmring/error.hpp"
+#include "wait.hpp"
 
 namespace shmring {
 namespace detail {
@@ -32,7 +33,8 @@ unsigned fork_generation() {
   return g_fork_generation.load(std::memory_order_relaxed);
 }
 
-RequestState::RequestState() : fork_gen(fork_generation()) {}
+RequestState::RequestState(std::int64_t spin, std::int64_t yield)
+    : fork_gen(fork_generation()), spin_ns(spin), yield_ns(yield) {}
 
 void RequestState::complete(std::exception_ptr e) {
   std::function<void(std::exception_ptr)> cb;
@@ -40,6 +42,7 @@ void RequestState::complete(std::exception_ptr e) {
     std::lock_guard lock(mutex);
     done = true;
     error = e;
+    done_flag.store(true, std::memory_order_release);
     cb = std::move(callback);
     callback = nullptr;
   }
@@ -66,6 +69,19 @@ namespace {
 
 bool RequestState::wait_until_done(double timeout_s) {
   if (fork_gen != fork_generation()) throw_inherited();
+  // Poll first (bounded by the policy and by the timeout).
+  const auto start = Clock::now();
+  std::int64_t budget = spin_ns + yield_ns;
+  if (timeout_s >= 0)
+    budget = std::min<std::int64_t>(budget, static_cast<std::int64_t>(timeout_s * 1e9));
+  for (std::int64_t spent = 0; spent < budget && !done_flag.load(std::memory_order_acquire);
+       spent = (Clock::now() - start).count()) {
+    if (spent < spin_ns) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+    } else {
+      sched_yield();
+    }
+  }
   std::unique_lock lock(mutex);
   if (timeout_s < 0) {
     cv.wait(lock, [&] { return done; });

@@ -3,7 +3,9 @@
 // The shared state behind a shmring::Request: completed once by the thread
 // that ran the collective (the progress thread), waited on by any thread.
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -18,7 +20,10 @@ namespace shmring::detail {
 unsigned fork_generation();
 
 struct RequestState {
-  RequestState();
+  /// A waiter polls `done_flag` for `spin_ns` (pause) then `yield_ns`
+  /// (sched_yield) before it sleeps on `cv`: a short collective completes
+  /// without a futex wake-up on either side (the communicator's wait policy).
+  explicit RequestState(std::int64_t spin_ns = 0, std::int64_t yield_ns = 0);
 
   /// Marks the request complete with `error` (null: success), wakes the
   /// waiters, then runs the on_complete callback on this thread.
@@ -33,10 +38,12 @@ struct RequestState {
 
   std::mutex mutex;
   std::condition_variable cv;
-  bool done = false;
+  bool done = false;                   // under `mutex`
+  std::atomic<bool> done_flag{false};  // the same, for polling without the mutex
   std::exception_ptr error;
   std::function<void(std::exception_ptr)> callback;
   const unsigned fork_gen;  // fork_generation() at creation
+  const std::int64_t spin_ns, yield_ns;
 };
 
 }  // namespace shmring::detail

@@ -26,12 +26,19 @@
 //
 // Bytes per rank: allreduce moves 2(N-1)/N of the buffer through slots each
 // way (the busbw factor), reduce-scatter and allgather (N-1)/N.
+//
+// float16 / bfloat16 sum, prod and avg (reduce_steps.hpp): the first write
+// is the raw 16-bit input, every later reduce-scatter write a float64
+// partial, and the last read rounds once; slices shrink to slot_bytes / 8
+// elements for the whole collective (so the allgather slices match), and the
+// reduce-scatter moves up to 4x the bytes of the 16-bit buffer.
 
 #include <cstring>
 #include <functional>
 
 #include "chunking.hpp"
 #include "comm_impl.hpp"
+#include "reduce_steps.hpp"
 
 namespace shmring::algo {
 
@@ -58,7 +65,6 @@ struct RingPass {
   // `forward`, it is also written to my slot as the allgather's first write.
   void reduce_scatter_round(std::size_t q, const std::byte* in, std::byte* out_mine, DataType dtype,
                             ReduceOp op, bool forward) {
-    const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;
     c.step = 0;
     {
       Range s = slice(r - 1, q);
@@ -71,7 +77,7 @@ struct RingPass {
       Range s = slice(r - t - 2, q);
       const std::byte* src = c.wait_recv_slot();
       std::byte* dst = c.acquire_send_slot();
-      c.reduce(dst, src, in + s.begin * esize, s.count, dtype, step_op);
+      partial_step(c, dst, src, /*src_partial=*/t > 0, in + s.begin * esize, s.count, dtype, op);
       c.publish_send();
       c.release_recv();
     }
@@ -83,10 +89,7 @@ struct RingPass {
     // Reduce into the output (in place, `in` is that very range, which the
     // kernels allow), then forward from there: the slot gets one copy, which
     // copy_to_slot may stream.
-    if (op == ReduceOp::avg)
-      c.reduce(out, src, in + s.begin * esize, s.count, dtype, ReduceOp::avg, n);
-    else
-      c.reduce(out, src, in + s.begin * esize, s.count, dtype, op);
+    final_step(c, out, src, /*src_partial=*/n > 2, in + s.begin * esize, s.count, dtype, op, n);
     if (forward) {
       std::byte* dst = c.acquire_send_slot();
       c.copy_to_slot(dst, out, s.count * esize);
@@ -138,9 +141,12 @@ std::size_t rounds_for(const RingPass& p, std::size_t largest_chunk) {
 void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                     DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  RingPass p{c, c.size, c.rank, es, c.seg->slot_bytes() / es, [count, n = c.size](int k) {
-               return detail::chunk_range(count, n, k);
-             }};
+  RingPass p{c,
+             c.size,
+             c.rank,
+             es,
+             reduction_slice_elems(c.seg->slot_bytes(), dtype, op, c.size),
+             [count, n = c.size](int k) { return detail::chunk_range(count, n, k); }};
   const std::size_t rounds = detail::ring_rounds(count, c.size, p.slice_elems);
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
@@ -154,7 +160,12 @@ void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::si
 void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
                          std::size_t recv_count, DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  RingPass p{c, c.size, c.rank, es, c.seg->slot_bytes() / es, [recv_count](int k) {
+  RingPass p{c,
+             c.size,
+             c.rank,
+             es,
+             reduction_slice_elems(c.seg->slot_bytes(), dtype, op, c.size),
+             [recv_count](int k) {
                return Range{static_cast<std::size_t>(k) * recv_count, recv_count};
              }};
   const std::size_t rounds = rounds_for(p, recv_count);

@@ -65,6 +65,12 @@ struct Config {
   int progress_cpu = -1;  ///< SHMRING_PROGRESS_CPU: CPU of the progress thread, -1 unpinned.
 };
 
+/// This host's identity as shmring sees it: a 64-bit hash of the hostname and
+/// the boot id, the one in every segment name. Processes with equal values
+/// can share a communicator (shmring's MPI layer groups ranks into nodes by
+/// it). Not collective; thread safe.
+SHMRING_API std::uint64_t host_identity();
+
 /// A group of `world_size` processes on one host that run collectives over one
 /// shared-memory segment.
 ///

@@ -7,6 +7,8 @@
 // SSE2 baseline); the dynamic loader picks the best clone once, at load time.
 // float16 and bfloat16 are widened to float32 in blocks, reduced there and
 // rounded back to nearest-even, so they accumulate in float32 within a step.
+// (The collectives reduce 16-bit sum, prod and avg through kernels/wide.hpp
+// instead, so that they round once; min and max use these.)
 
 #include <cstddef>
 #include <cstdint>

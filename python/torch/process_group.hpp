@@ -1,0 +1,111 @@
+#pragma once
+
+// ProcessGroupShmring: the torch.distributed backend "shmring", a c10d
+// process group whose collectives are a shmring::Communicator's non-blocking
+// collectives. One process group = one communicator of its own (own segment,
+// own job id from the group's store), so dist.new_group(ranks) makes a
+// separate communicator of exactly those ranks.
+//
+// Order: collectives start on the communicator's progress thread in the
+// order they are called, which must be the same on every rank (as for every
+// c10d backend). Calls from several threads of one process are serialized
+// here, but their order is still the caller's to make equal across ranks.
+//
+// Errors: argument errors (dtype, operator, CUDA tensor, several tensors per
+// list, unsupported operation) throw at the call, a c10::Error (RuntimeError
+// in Python) naming the operation. Failures of the collective itself (peer
+// death, timeout, mismatch between ranks) complete the Work and its future
+// with shmring's error on every rank; the group then refuses every later
+// operation with the first error's reason.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shim.hpp"
+#include "shmring/communicator.hpp"
+#include "work.hpp"
+
+namespace shmring::torch_backend {
+
+class ProcessGroupShmring : public BackendBase {
+ public:
+  /// Collective over the group's `size` ranks: rank 0 writes a fresh random
+  /// job nonce to `store` (the group's own prefix store), every rank reads
+  /// it and attaches to the shmring segment it names, so two jobs (or two
+  /// groups) never share a segment whatever their ports. Checks that every
+  /// rank runs on rank 0's host. `timeout` bounds every wait of a collective
+  /// unless SHMRING_TIMEOUT is set. Blocks until every rank has attached.
+  ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                      std::chrono::milliseconds timeout);
+  /// Completes (or, on a broken group, fails) the collectives still running,
+  /// then stops the completion threads. Not collective.
+  ~ProcessGroupShmring() override;
+
+  const std::string getBackendName() const override { return "shmring"; }
+  /// The shmring job id of this group ("torch-" and the nonce).
+  const std::string& job_id() const { return comm_->config().job_id; }
+  const Communicator& communicator() const { return *comm_; }
+
+  c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors,
+                                     const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<Work> allreduce(std::vector<at::Tensor>& tensors,
+                                     const ::c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<Work> reduce(std::vector<at::Tensor>& tensors,
+                                  const ::c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<Work> allgather(std::vector<std::vector<at::Tensor>>& output_tensors,
+                                     std::vector<at::Tensor>& input_tensors,
+                                     const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> _allgather_base(at::Tensor& output_buffer, at::Tensor& input_buffer,
+                                           const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
+                                               std::vector<at::Tensor>& input_tensors,
+                                               const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<Work> gather(std::vector<std::vector<at::Tensor>>& output_tensors,
+                                  std::vector<at::Tensor>& input_tensors,
+                                  const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<Work> scatter(std::vector<at::Tensor>& output_tensors,
+                                   std::vector<std::vector<at::Tensor>>& input_tensors,
+                                   const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> reduce_scatter(std::vector<at::Tensor>& output_tensors,
+                                          std::vector<std::vector<at::Tensor>>& input_tensors,
+                                          const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> _reduce_scatter_base(at::Tensor& output_buffer, at::Tensor& input_buffer,
+                                                const ::c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<Work> alltoall_base(at::Tensor& output_buffer, at::Tensor& input_buffer,
+                                         std::vector<int64_t>& output_split_sizes,
+                                         std::vector<int64_t>& input_split_sizes,
+                                         const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<Work> alltoall(std::vector<at::Tensor>& output_tensors,
+                                    std::vector<at::Tensor>& input_tensors,
+                                    const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+ private:
+  using Start = std::function<Request(Communicator&)>;
+
+  /// Makes the Work, starts the collective (`start` calls one i-collective)
+  /// under the call lock, and hands its completion to the completion threads.
+  c10::intrusive_ptr<Work> launch(::c10d::OpType type, const char* title,
+                                  std::vector<at::Tensor> result,
+                                  std::vector<at::Tensor> keep_alive,
+                                  std::function<void()> epilogue, const Start& start);
+
+  // Declared before comm_: destroyed after it, so the completions the
+  // communicator's destructor delivers still find their threads.
+  Completions completions_;
+  std::unique_ptr<Communicator> comm_;
+  std::mutex call_mutex_;  // one i-call at a time on comm_ (call order is the contract)
+};
+
+}  // namespace shmring::torch_backend

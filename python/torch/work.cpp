@@ -1,0 +1,133 @@
+#include "work.hpp"
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/Exception.h>
+
+#include <system_error>
+
+#include "shmring/error.hpp"
+
+namespace shmring::torch_backend {
+
+WorkShmring::WorkShmring(int rank, ::c10d::OpType type, const char* profiling_title,
+                         std::vector<at::Tensor> result)
+    : Work(rank, type, profiling_title),
+      title_(profiling_title),
+      result_(std::move(result)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
+
+// The request's destructor would wait for a collective still running; a
+// Work is only destroyed after completion (the progress thread's callback
+// holds a reference until then), so nothing waits here.
+WorkShmring::~WorkShmring() = default;
+
+void WorkShmring::prepare(std::vector<at::Tensor> keep_alive, std::function<void()> epilogue) {
+  keep_alive_ = std::move(keep_alive);
+  epilogue_ = std::move(epilogue);
+}
+
+void WorkShmring::complete(std::exception_ptr error) {
+  // Dropped last, after finish(): releasing a tensor that had a Python
+  // object may take the GIL, which a thread in wait() may hold.
+  std::vector<at::Tensor> release;
+  {
+    std::lock_guard<std::mutex> lock(complete_mutex_);
+    if (completing_) return;
+    completing_ = true;
+    if (!error && epilogue_) {
+      try {
+        epilogue_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    epilogue_ = nullptr;
+    release.swap(keep_alive_);
+  }
+  finish(error);  // completed_, exception_, profiling end, wakes Work::wait
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(result_));
+  }
+}
+
+bool WorkShmring::wait(std::chrono::milliseconds timeout) {
+  // Wait on the request here rather than for a completion thread: a
+  // blocking call then costs one hand-off (progress thread -> caller), not two.
+  std::exception_ptr error;
+  try {
+    if (timeout == kNoTimeout) {
+      request_.wait();
+    } else if (!request_.wait_for(timeout)) {
+      TORCH_CHECK(false, "shmring backend: ", title_, " did not complete within ", timeout.count(),
+                  " ms (it keeps running; wait again or destroy the group)");
+    }
+  } catch (const c10::Error&) {
+    throw;  // our timeout: the collective is still pending, nothing to complete
+  } catch (...) {
+    error = std::current_exception();
+  }
+  complete(error);
+  std::unique_lock<std::mutex> lock(mutex_);
+  // complete() may be finishing on a completion thread: wait for its finish().
+  cv_.wait(lock, [this] { return completed_; });
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
+}
+
+std::vector<at::Tensor> WorkShmring::result() {
+  return result_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkShmring::getFuture() {
+  return future_;
+}
+
+Completions::~Completions() {
+  stop();
+}
+
+void Completions::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+}
+
+void Completions::push(c10::intrusive_ptr<WorkShmring> work, std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue_.emplace_back(std::move(work), error);
+  if (queue_.size() > idle_ && threads_.size() < kMaxThreads) {
+    try {
+      threads_.emplace_back([this] { run(); });
+      return;
+    } catch (const std::system_error&) {
+      // No new thread: the ones there are will get to it.
+    }
+  }
+  cv_.notify_one();
+}
+
+void Completions::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    while (queue_.empty() && !stop_) {
+      ++idle_;
+      cv_.wait(lock);
+      --idle_;
+    }
+    if (queue_.empty()) return;  // stopping, and drained
+    auto [work, error] = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    work->complete(error);
+    work.reset();  // the last reference may go here: dropped unlocked
+    lock.lock();
+  }
+}
+
+}  // namespace shmring::torch_backend

@@ -1,0 +1,106 @@
+#pragma once
+
+// The inside of shmring::mpi::Communicator: the node groups and the
+// communicators built once at setup (topology.cpp), the stages the
+// collectives are scripts of (allreduce.cpp, collectives.cpp), the MPI side
+// of a reduction (mpi_reduce.cpp) and the error policy (communicator.cpp).
+//
+// Terms, reflected in the names below:
+//   node      the ranks with one host identity; numbered by their lowest rank.
+//   local     a rank's place inside its node (by MPI rank); L = local size.
+//   leader    local rank 0 of a node.
+//   node comm the shmring communicator of one node (ranks = local ranks).
+//   cross     the MPI communicator of the ranks with the same local rank,
+//             one per local rank, ranked by node (balanced nodes only).
+//   leaders   the MPI communicator of the leaders, ranked by node.
+//   shard     the 1/L share of an allreduce buffer a local rank owns after
+//             the intra-node reduce-scatter.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shmring/mpi.hpp"
+
+namespace shmring::mpi {
+
+struct Communicator::Impl {
+  // --- Topology (identical on every rank) ---------------------------------
+  MPI_Comm world = MPI_COMM_NULL;    // our duplicate of the user's communicator
+  MPI_Comm cross = MPI_COMM_NULL;    // same local rank, one rank per node
+  MPI_Comm leaders = MPI_COMM_NULL;  // local rank 0 of every node (else NULL)
+  int rank = 0, size = 1;
+  int node = 0, num_nodes = 1;
+  int local_rank = 0, local_size = 1;
+  bool balanced = true;
+  std::vector<int> node_of;                  // global rank -> node
+  std::vector<int> local_of;                 // global rank -> local rank
+  std::vector<std::vector<int>> node_ranks;  // node -> global ranks, local order
+  std::string job_id;                        // of every node comm of this communicator
+  std::optional<shmring::Communicator> node_comm;
+
+  // --- Settings -------------------------------------------------------------
+  Algorithm algorithm = Algorithm::automatic;
+  std::size_t shards_bytes = 0;
+  bool abort_on_error = true;
+
+  // --- MPI operators that propagate NaN (min, max on float/double) ----------
+  MPI_Op nan_min = MPI_OP_NULL, nan_max = MPI_OP_NULL;
+
+  // --- State ----------------------------------------------------------------
+  std::string broken;  // the first error, once one happened (throw mode)
+  std::vector<std::byte> scratch, scratch2, wide;  // grown on demand, never shrunk
+
+  // topology.cpp
+  void setup(MPI_Comm comm, const Options& options);
+  void teardown() noexcept;
+
+  // communicator.cpp: the error policy. Every shmring call of a stage runs
+  // through node_stage(); every MPI return code through check_mpi().
+  [[noreturn]] void fail(const char* stage, ErrorCode code, const std::string& what);
+  template <class F>
+  void node_stage(const char* stage, F&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      // shmring's message numbers the ranks of the node: say so.
+      fail(stage, e.code(), std::string("[shmring, local ranks] ") + e.what());
+    }
+  }
+  void check_mpi(int rc, const char* stage);
+  void check_usable(const char* what) const;
+
+  std::byte* scratch_bytes(std::vector<std::byte>& v, std::size_t bytes);
+
+  // allreduce.cpp: choose, then run one script.
+  Algorithm choose(std::size_t bytes) const;
+  void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  void allreduce_leaders(const void* send, void* recv, std::size_t count, DataType dtype,
+                         ReduceOp op);
+  void allreduce_shards(const void* send, void* recv, std::size_t count, DataType dtype,
+                        ReduceOp op);
+  void allreduce_flat(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+
+  // mpi_reduce.cpp: the reduction among nodes, in place, with shmring's
+  // operator semantics (avg = sum, then one division by `size`; 16-bit
+  // floats as float32; NaN-propagating min/max).
+  void mpi_allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, MPI_Comm comm,
+                     const char* stage);
+  void mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, int root,
+                  MPI_Comm comm, const char* stage);
+  void mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm, const char* stage);
+  void create_ops();
+  void free_ops() noexcept;
+};
+
+/// Allreduce messages from this size on take the shards path (automatic).
+/// A placeholder from one look on a loaded 2-core machine (2 fake nodes x 2
+/// ranks over TCP loopback); to be set by measurement.
+inline constexpr std::size_t kDefaultShardsBytes = 256 * 1024;
+
+/// Elements MPI moves per call: MPI counts are int; larger buffers go in pieces.
+inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
+
+}  // namespace shmring::mpi

@@ -1,0 +1,232 @@
+// The MPI side of a reduction: shmring's datatypes and operators mapped to
+// MPI's, with shmring's semantics kept across nodes.
+//
+// - avg is MPI_SUM, then one division by the communicator's size, done by
+//   whoever holds the final sum (every rank for allreduce, the root for
+//   reduce).
+// - float16 and bfloat16: MPI has neither. The buffer is widened to float32
+//   (exact), reduced by MPI as float32 and rounded back once (to nearest
+//   even), after the division for avg. This doubles the bytes on the network
+//   for 16-bit types but rounds once instead of at every step of MPI's
+//   algorithm, and MPI's own vectorised float32 operators do the work. (A
+//   user-defined MPI_Op on MPI_UINT16_T would move half the bytes and round
+//   at every combining step.)
+// - min and max on floating types propagate NaN, as shmring's kernels do;
+//   MPI_MIN/MPI_MAX do not promise that, so they are user-defined operators.
+// - Buffers past 2^30 elements go in pieces (MPI counts are int).
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "impl.hpp"
+
+// The widening and narrowing loops run on every 16-bit element that crosses
+// the network: F16C (x86-64-v3) converts 8 at a time where the CPU has it.
+#if defined(__x86_64__)
+#define SHMRING_MPI_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SHMRING_MPI_CLONES
+#endif
+
+namespace shmring::mpi {
+
+namespace {
+
+// --- 16-bit floats <-> float32 (round to nearest even, NaN stays NaN) ------
+
+float bf16_to_f32(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+float f16_to_f32(std::uint16_t h) {
+  _Float16 x;
+  std::memcpy(&x, &h, 2);
+  return static_cast<float>(x);
+}
+
+std::uint16_t f32_to_f16(float f) {
+  const auto x = static_cast<_Float16>(f);  // IEEE conversion: nearest even
+  std::uint16_t h;
+  std::memcpy(&h, &x, 2);
+  return h;
+}
+
+SHMRING_MPI_CLONES void widen(const void* src, float* dst, std::size_t n, DataType dtype) {
+  auto* s = static_cast<const std::uint16_t*>(src);
+  if (dtype == DataType::bfloat16)
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+  else
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+}
+
+SHMRING_MPI_CLONES void narrow(const float* src, void* dst, std::size_t n, DataType dtype) {
+  auto* d = static_cast<std::uint16_t*>(dst);
+  if (dtype == DataType::bfloat16)
+    for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  else
+    for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+}
+
+bool is_16bit_float(DataType t) {
+  return t == DataType::float16 || t == DataType::bfloat16;
+}
+
+// --- NaN-propagating min and max, for MPI_FLOAT and MPI_DOUBLE -------------
+
+template <class T, bool kMax>
+void nan_minmax(const T* in, T* inout, int n) {
+  for (int i = 0; i < n; ++i) {
+    const T a = in[i], b = inout[i];
+    T r = kMax ? (a > b ? a : b) : (a < b ? a : b);
+    if (a != a) r = a;
+    if (b != b) r = b;
+    inout[i] = r;
+  }
+}
+
+template <bool kMax>
+void nan_minmax_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+  if (*type == MPI_DOUBLE)
+    nan_minmax<double, kMax>(static_cast<const double*>(in), static_cast<double*>(inout), *len);
+  else
+    nan_minmax<float, kMax>(static_cast<const float*>(in), static_cast<float*>(inout), *len);
+}
+
+MPI_Datatype mpi_type(DataType t) {
+  switch (t) {
+    case DataType::float32:
+    case DataType::float16:  // widened first
+    case DataType::bfloat16:
+      return MPI_FLOAT;
+    case DataType::float64:
+      return MPI_DOUBLE;
+    case DataType::int8:
+      return MPI_INT8_T;
+    case DataType::uint8:
+      return MPI_UINT8_T;
+    case DataType::int32:
+      return MPI_INT32_T;
+    case DataType::int64:
+      return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+}  // namespace
+
+void Communicator::Impl::create_ops() {
+  check_mpi(MPI_Op_create(&nan_minmax_op<false>, 1, &nan_min), "setup: MPI_Op_create (min)");
+  check_mpi(MPI_Op_create(&nan_minmax_op<true>, 1, &nan_max), "setup: MPI_Op_create (max)");
+}
+
+void Communicator::Impl::free_ops() noexcept {
+  if (nan_min != MPI_OP_NULL) MPI_Op_free(&nan_min);
+  if (nan_max != MPI_OP_NULL) MPI_Op_free(&nan_max);
+}
+
+namespace {
+
+MPI_Op mpi_op(const Communicator::Impl& c, DataType t, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::prod:
+      return MPI_PROD;
+    case ReduceOp::min:
+      return is_floating(t) ? c.nan_min : MPI_MIN;
+    case ReduceOp::max:
+      return is_floating(t) ? c.nan_max : MPI_MAX;
+  }
+  return MPI_OP_NULL;
+}
+
+template <class T>
+void divide(T* p, std::size_t n, int by) {
+  const T d = static_cast<T>(by);
+  for (std::size_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+// avg's one division, on the float32 / float64 values MPI reduced.
+void divide_for_avg(void* p, std::size_t n, DataType wire, int by) {
+  if (wire == DataType::float64)
+    divide(static_cast<double*>(p), n, by);
+  else
+    divide(static_cast<float*>(p), n, by);
+}
+
+}  // namespace
+
+void Communicator::Impl::mpi_allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                       MPI_Comm comm, const char* stage) {
+  if (count == 0) return;
+  const bool wide16 = is_16bit_float(dtype);
+  void* data = buf;
+  if (wide16) {
+    auto* w = reinterpret_cast<float*>(scratch_bytes(wide, count * sizeof(float)));
+    widen(buf, w, count, dtype);
+    data = w;
+  }
+  const DataType wire = wide16 ? DataType::float32 : dtype;
+  const std::size_t esize = datatype_size(wire);
+  for (std::size_t off = 0; off < count; off += kMaxMpiCount) {
+    const std::size_t n = std::min(kMaxMpiCount, count - off);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, static_cast<std::byte*>(data) + off * esize,
+                            static_cast<int>(n), mpi_type(dtype), mpi_op(*this, dtype, op), comm),
+              stage);
+  }
+  if (op == ReduceOp::avg) divide_for_avg(data, count, wire, size);
+  if (wide16) narrow(static_cast<const float*>(data), buf, count, dtype);
+}
+
+void Communicator::Impl::mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                    int root, MPI_Comm comm, const char* stage) {
+  if (count == 0) return;
+  int me = 0;
+  MPI_Comm_rank(comm, &me);
+  const bool at_root = me == root;
+  const bool wide16 = is_16bit_float(dtype);
+  void* data = buf;
+  if (wide16) {
+    auto* w = reinterpret_cast<float*>(scratch_bytes(wide, count * sizeof(float)));
+    widen(buf, w, count, dtype);
+    data = w;
+  }
+  const DataType wire = wide16 ? DataType::float32 : dtype;
+  const std::size_t esize = datatype_size(wire);
+  for (std::size_t off = 0; off < count; off += kMaxMpiCount) {
+    const std::size_t n = std::min(kMaxMpiCount, count - off);
+    std::byte* p = static_cast<std::byte*>(data) + off * esize;
+    check_mpi(MPI_Reduce(at_root ? MPI_IN_PLACE : p, at_root ? p : nullptr, static_cast<int>(n),
+                         mpi_type(dtype), mpi_op(*this, dtype, op), root, comm),
+              stage);
+  }
+  if (!at_root) return;
+  if (op == ReduceOp::avg) divide_for_avg(data, count, wire, size);
+  if (wide16) narrow(static_cast<const float*>(data), buf, count, dtype);
+}
+
+void Communicator::Impl::mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm,
+                                   const char* stage) {
+  for (std::size_t off = 0; off < bytes; off += kMaxMpiCount) {
+    const std::size_t n = std::min(kMaxMpiCount, bytes - off);
+    check_mpi(
+        MPI_Bcast(static_cast<std::byte*>(buf) + off, static_cast<int>(n), MPI_BYTE, root, comm),
+        stage);
+  }
+}
+
+}  // namespace shmring::mpi

@@ -1,0 +1,177 @@
+// Setup, run once per communicator: who shares a node, the shmring
+// communicator of each node and the MPI communicators between nodes.
+//
+// Node groups come from shmring's own host identity (hostname + boot id, the
+// hash in every segment name), gathered with one MPI_Allgather: two ranks
+// belong to one node exactly when they would open the same segment. The
+// launcher's idea of locality (OMPI_COMM_WORLD_LOCAL_*, MPI_COMM_TYPE_SHARED)
+// is not consulted: in containers, and in tools/fake-nodes, it disagrees
+// with which processes share /dev/shm.
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <unordered_map>
+
+#include "impl.hpp"
+
+namespace shmring::mpi {
+
+namespace {
+
+std::string lower_env(const char* name) {
+  const char* v = std::getenv(name);
+  std::string s = v ? v : "";
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+Algorithm parse_algorithm(const std::string& raw, const char* where) {
+  std::string s = raw;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s.empty() || s == "auto") return Algorithm::automatic;
+  if (s == "leaders") return Algorithm::leaders;
+  if (s == "shards") return Algorithm::shards;
+  if (s == "flat") return Algorithm::flat;
+  throw InvalidArgumentError(
+      fmt::format("{}='{}': expected auto, leaders, shards or flat", where, raw));
+}
+
+// A fresh 64-bit value per communicator: the job id of every node comm.
+// random_device alone would do; the clock and pid guard against a weak one.
+std::uint64_t fresh_nonce() {
+  std::random_device rd;
+  std::uint64_t v = (std::uint64_t{rd()} << 32) ^ rd();
+  v ^= static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  v ^= static_cast<std::uint64_t>(getpid()) << 40;
+  return v;
+}
+
+}  // namespace
+
+void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized)
+    throw InvalidArgumentError(
+        "shmring::mpi::Communicator: MPI is not initialised: call MPI_Init first");
+  if (comm == MPI_COMM_NULL)
+    throw InvalidArgumentError("shmring::mpi::Communicator: comm is MPI_COMM_NULL");
+
+  // Settings first: a bad value throws on every rank alike, before any
+  // communication.
+  algorithm = parse_algorithm(
+      !options.algorithm.empty() ? options.algorithm : lower_env("SHMRING_MPI_ALGO"),
+      !options.algorithm.empty() ? "Options::algorithm" : "SHMRING_MPI_ALGO");
+  shards_bytes = options.shards_bytes;
+  if (shards_bytes == 0) {
+    const std::string s = lower_env("SHMRING_MPI_SHARDS_BYTES");
+    shards_bytes = kDefaultShardsBytes;
+    if (!s.empty()) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+      if (errno != 0 || end == s.c_str() || *end != '\0' || s[0] == '-')
+        throw InvalidArgumentError(fmt::format(
+            "SHMRING_MPI_SHARDS_BYTES='{}': expected a number of bytes (an integer >= 0)", s));
+      shards_bytes = static_cast<std::size_t>(v);
+    }
+  }
+  if (options.abort_on_error >= 0) {
+    abort_on_error = options.abort_on_error != 0;
+  } else {
+    const std::string s = lower_env("SHMRING_MPI_ON_ERROR");
+    if (s.empty() || s == "abort")
+      abort_on_error = true;
+    else if (s == "throw")
+      abort_on_error = false;
+    else
+      throw InvalidArgumentError(
+          fmt::format("SHMRING_MPI_ON_ERROR='{}': expected abort or throw", s));
+  }
+
+  check_mpi(MPI_Comm_dup(comm, &world), "setup: MPI_Comm_dup");
+  // Errors come back as codes, so that they get our message and policy.
+  MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+
+  // Node groups: one MPI_Allgather of every rank's host identity. Nodes are
+  // numbered in the order of their lowest rank, local ranks by MPI rank, so
+  // every rank computes the same topology from the same array.
+  const std::uint64_t mine = shmring::host_identity();
+  std::vector<std::uint64_t> ids(static_cast<std::size_t>(size));
+  check_mpi(MPI_Allgather(&mine, 1, MPI_UINT64_T, ids.data(), 1, MPI_UINT64_T, world),
+            "setup: MPI_Allgather of host identities");
+  std::unordered_map<std::uint64_t, int> node_index;
+  node_of.assign(ids.size(), 0);
+  local_of.assign(ids.size(), 0);
+  node_ranks.clear();
+  for (int r = 0; r < size; ++r) {
+    auto [it, fresh] = node_index.try_emplace(ids[r], static_cast<int>(node_ranks.size()));
+    if (fresh) node_ranks.emplace_back();
+    node_of[r] = it->second;
+    local_of[r] = static_cast<int>(node_ranks[it->second].size());
+    node_ranks[it->second].push_back(r);
+  }
+  num_nodes = static_cast<int>(node_ranks.size());
+  node = node_of[rank];
+  local_rank = local_of[rank];
+  local_size = static_cast<int>(node_ranks[node].size());
+  balanced = std::all_of(node_ranks.begin(), node_ranks.end(),
+                         [&](const auto& n) { return n.size() == node_ranks[0].size(); });
+
+  // One nonce per communicator, from rank 0: two jobs, or two communicators
+  // of one job, never open each other's segments.
+  std::uint64_t nonce = rank == 0 ? fresh_nonce() : 0;
+  check_mpi(MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, world), "setup: MPI_Bcast of the nonce");
+  job_id = fmt::format("mpi-{:016x}", nonce);
+
+  // Between nodes: built once here, collective over `world` on every rank
+  // (the conditions below are the same on every rank).
+  if (num_nodes > 1) {
+    if (balanced) {
+      check_mpi(MPI_Comm_split(world, local_rank, node, &cross), "setup: MPI_Comm_split (cross)");
+      MPI_Comm_set_errhandler(cross, MPI_ERRORS_RETURN);
+    }
+    check_mpi(MPI_Comm_split(world, local_rank == 0 ? 0 : MPI_UNDEFINED, node, &leaders),
+              "setup: MPI_Comm_split (leaders)");
+    if (leaders != MPI_COMM_NULL) MPI_Comm_set_errhandler(leaders, MPI_ERRORS_RETURN);
+  }
+  create_ops();
+
+  // Inside the node: a shmring communicator of the local ranks. The last
+  // step, so that a segment exists only once every MPI step has worked.
+  shmring::Options o = options.node;
+  o.rank = local_rank;
+  o.world_size = local_size;
+  o.local_rank = local_rank;
+  o.local_world_size = local_size;
+  o.job_id = job_id;
+  // A bad setting throws alike on every rank before any segment exists: it
+  // goes back to the caller. Anything later (a rank that never arrives, a
+  // full /dev/shm) follows the error policy.
+  try {
+    node_comm.emplace(o);
+  } catch (const InvalidArgumentError&) {
+    throw;
+  } catch (const Error& e) {
+    fail("setup: the node's shmring communicator", e.code(), e.what());
+  }
+}
+
+void Communicator::Impl::teardown() noexcept {
+  node_comm.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;  // too late to free anything; MPI has released it all
+  free_ops();
+  for (MPI_Comm* c : {&cross, &leaders, &world})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+}  // namespace shmring::mpi

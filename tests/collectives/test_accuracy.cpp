@@ -1,0 +1,457 @@
+// float16 and bfloat16 reductions are the exact (float64) reduction of every
+// rank's input rounded once: bitwise equal to a float64 reference rounded
+// once to nearest even, on every rank, on every path (direct, ring, chain),
+// whatever the element's position, for allreduce, reduce_scatter and reduce
+// (every root), sum, avg and prod; min and max stay exact. Includes the
+// inputs of shared/cases/16bit-accuracy.md (avg of 4 x 30000 in float16
+// overflowed to inf; bfloat16 1 + 256 + 1 + 1 gave 256, not 260).
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "kernels/wide.hpp"
+
+using namespace shmring;
+
+namespace {
+
+// ---- Scalar reference, written from the IEEE definitions (no library code). ----
+
+double decode16(DataType t, std::uint16_t h) {
+  const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+  if (t == DataType::bfloat16) {
+    const int e = (h >> 7) & 0xff;
+    const int m = h & 0x7f;
+    if (e == 0xff) return m ? NAN : sign * INFINITY;
+    if (e == 0) return sign * std::ldexp(m, -133);
+    return sign * std::ldexp(128 + m, e - 127 - 7);
+  }
+  const int e = (h >> 10) & 0x1f;
+  const int m = h & 0x3ff;
+  if (e == 0x1f) return m ? NAN : sign * INFINITY;
+  if (e == 0) return sign * std::ldexp(m, -24);
+  return sign * std::ldexp(1024 + m, e - 15 - 10);
+}
+
+// Rounds x to nearest even in the 16-bit format: precision p bits, smallest
+// normal 2^emin, largest finite `max`; subnormals have spacing 2^(emin-p+1).
+std::uint16_t encode16(DataType t, double x) {
+  const bool bf = t == DataType::bfloat16;
+  const int p = bf ? 8 : 11, emin = bf ? -126 : -14;
+  const double max = bf ? std::ldexp(255, 120) : 65504.0;
+  const std::uint16_t sign = std::signbit(x) ? 0x8000u : 0;
+  if (std::isnan(x)) return bf ? 0x7fc0 : 0x7e00;
+  const double a = std::fabs(x);
+  int e;
+  std::frexp(a, &e);                      // a = f * 2^e, f in [0.5, 1)
+  const int exp = std::max(e - 1, emin);  // exponent of the leading bit (or of the subnormals)
+  const double ulp = std::ldexp(1.0, exp - (p - 1));
+  const double q = a / ulp;  // exact: a scaled by a power of two
+  double r = std::floor(q);
+  const double frac = q - r;
+  if (frac > 0.5 || (frac == 0.5 && std::fmod(r, 2.0) == 1.0)) r += 1;
+  const double v = r * ulp;
+  if (std::isinf(a) || v > max) return sign | (bf ? 0x7f80u : 0x7c00u);
+  if (v == 0) return sign;
+  // Encode the representable v.
+  std::frexp(v, &e);
+  if (e - 1 < emin)  // subnormal
+    return sign | static_cast<std::uint16_t>(v / std::ldexp(1.0, emin - (p - 1)));
+  const int biased = e - 1 + (bf ? 127 : 15);
+  const auto frac_bits =
+      static_cast<std::uint16_t>(v / std::ldexp(1.0, e - 1 - (p - 1))) - (1u << (p - 1));
+  return sign | static_cast<std::uint16_t>(biased << (p - 1)) | frac_bits;
+}
+
+const char* name(DataType t) {
+  return t == DataType::float16 ? "float16" : "bfloat16";
+}
+const char* name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : op == ReduceOp::avg ? "avg" : "prod";
+}
+
+TEST_CASE("the test's own reference rounds like IEEE (sanity)") {
+  CHECK(encode16(DataType::bfloat16, 259.0) == encode16(DataType::bfloat16, 260.0));
+  CHECK(decode16(DataType::bfloat16, encode16(DataType::bfloat16, 259.0)) == 260.0);
+  CHECK(decode16(DataType::bfloat16, encode16(DataType::bfloat16, 257.0)) == 256.0);  // tie: even
+  CHECK(decode16(DataType::bfloat16, encode16(DataType::bfloat16, 258.0)) == 258.0);
+  CHECK(decode16(DataType::float16, encode16(DataType::float16, 65519.0)) == 65504.0);
+  CHECK(std::isinf(decode16(DataType::float16, encode16(DataType::float16, 65520.0))));
+  CHECK(encode16(DataType::float16, std::ldexp(1.0, -25)) == 0);  // tie with 0: even
+  CHECK(encode16(DataType::float16, std::ldexp(3.0, -26)) == 1);
+  CHECK(encode16(DataType::float16, std::ldexp(1023.0, -24)) == 0x3ff);
+  CHECK(encode16(DataType::float16, std::ldexp(2047.5, -25)) == 0x400);  // rounds into normals
+  CHECK(encode16(DataType::float16, 1.0) == 0x3c00);
+  CHECK(encode16(DataType::float16, -2.0) == 0xc000);
+  CHECK(encode16(DataType::bfloat16, 1.0) == 0x3f80);
+  for (std::uint32_t h = 0; h < 0x10000; ++h)
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const double v = decode16(t, static_cast<std::uint16_t>(h));
+      if (!std::isnan(v)) REQUIRE(encode16(t, v) == h);
+    }
+}
+
+TEST_CASE("the one rounding float64 -> 16 bits is correct at and around every midpoint") {
+  // Just above or below a midpoint, a float64 -> float32 -> 16-bit double
+  // rounding would land on the midpoint and tie to even: wrong.
+  for (DataType t : {DataType::float16, DataType::bfloat16}) {
+    const std::uint32_t last = t == DataType::float16 ? 0x7bff : 0x7f7f;
+    for (std::uint32_t h = 0; h <= last; ++h) {
+      const double lo = decode16(t, static_cast<std::uint16_t>(h));
+      const double hi = h == last ? 2 * lo - decode16(t, static_cast<std::uint16_t>(h - 1))
+                                  : decode16(t, static_cast<std::uint16_t>(h + 1));
+      const double mid = (lo + hi) / 2;
+      const double tiny = std::ldexp(mid, -45);
+      for (double x : {lo, mid, mid + tiny, mid - tiny, std::nextafter(mid, 0.0),
+                       std::nextafter(mid, INFINITY), lo + tiny, hi - tiny}) {
+        for (double y : {x, -x}) {
+          const std::uint16_t got =
+              t == DataType::float16 ? detail::wide_to_half(y) : detail::wide_to_bfloat16(y);
+          REQUIRE_MESSAGE(got == encode16(t, y), name(t), " ", y, ": 0x", std::hex, got, " want 0x",
+                          encode16(t, y));
+        }
+      }
+    }
+    const std::uint16_t inf = t == DataType::float16 ? 0x7c00 : 0x7f80;
+    CHECK((t == DataType::float16 ? detail::wide_to_half(1e300)
+                                  : detail::wide_to_bfloat16(1e300)) == inf);
+    CHECK((t == DataType::float16 ? detail::wide_to_half(INFINITY)
+                                  : detail::wide_to_bfloat16(INFINITY)) == inf);
+    const std::uint16_t nan =
+        t == DataType::float16 ? detail::wide_to_half(NAN) : detail::wide_to_bfloat16(NAN);
+    CHECK(std::isnan(decode16(t, nan)));
+    CHECK((t == DataType::float16 ? detail::wide_to_half(1e-300)
+                                  : detail::wide_to_bfloat16(1e-300)) == 0);
+  }
+}
+
+TEST_CASE("wide kernels: every 16-bit input widens exactly, unaligned, odd lengths") {
+  for (DataType t : {DataType::float16, DataType::bfloat16}) {
+    // All 65536 encodings as b (NaN included) against a = 0 (16-bit) then
+    // against a float64 partial of 0.5, at byte offsets 1 and 3.
+    const std::size_t n = 65536;
+    std::vector<unsigned char> a16(2 * n + 8, 0), b16(2 * n + 8), wide(8 * n + 8), out(2 * n + 8);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto h = static_cast<std::uint16_t>(i);
+      std::memcpy(b16.data() + 1 + 2 * i, &h, 2);
+    }
+    detail::reduce_to_wide(wide.data() + 3, a16.data() + 1, false, b16.data() + 1, n, t,
+                           ReduceOp::sum);
+    for (std::size_t i = 0; i < n; ++i) {
+      double w;
+      std::memcpy(&w, wide.data() + 3 + 8 * i, 8);
+      const double want = decode16(t, static_cast<std::uint16_t>(i));
+      REQUIRE_MESSAGE((std::isnan(want) ? std::isnan(w) : w == want), name(t), " 0x", std::hex, i);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const double half = 0.5;
+      std::memcpy(wide.data() + 3 + 8 * i, &half, 8);
+    }
+    for (int div : {1, 3}) {
+      detail::reduce_to_narrow(out.data() + 1, wide.data() + 3, true, b16.data() + 1, n, t,
+                               div == 1 ? ReduceOp::sum : ReduceOp::avg, div);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t got;
+        std::memcpy(&got, out.data() + 1 + 2 * i, 2);
+        const double v = decode16(t, static_cast<std::uint16_t>(i));
+        if (std::isnan(v)) {
+          REQUIRE(std::isnan(decode16(t, got)));
+          continue;
+        }
+        REQUIRE_MESSAGE(got == encode16(t, (0.5 + v) / div), name(t), " 0x", std::hex, i);
+      }
+    }
+  }
+}
+
+// ---- Inputs: a pure function of (seed, rank, index), so any rank knows all. ----
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Magnitudes from 2^-14 (float16) or 2^-20 (bfloat16) to 2^12 / 2^20, mixed
+// signs (cancellation), some float16 subnormals. bfloat16 spans stay below
+// 2^45, so the float64 reference sum is exact; prod inputs keep 2 mantissa
+// bits so that products of 8 stay exact too.
+std::uint16_t input(DataType t, ReduceOp op, std::uint64_t seed, int rank, std::size_t i) {
+  const std::uint64_t h = mix(seed * 1000003 + static_cast<std::uint64_t>(rank) * 7919 + i * 31);
+  const std::uint16_t sign = (h & 1) ? 0x8000u : 0;
+  if (op == ReduceOp::prod) {
+    // +-(1, 1.25, 1.5, 1.75) * 2^(-3..3)
+    const int e = static_cast<int>((h >> 8) % 7) - 3;
+    const int m = static_cast<int>((h >> 16) % 4);
+    return t == DataType::bfloat16 ? static_cast<std::uint16_t>(sign | ((e + 127) << 7) | (m << 5))
+                                   : static_cast<std::uint16_t>(sign | ((e + 15) << 10) | (m << 8));
+  }
+  if (t == DataType::float16) {
+    if ((h >> 4) % 8 == 0) return static_cast<std::uint16_t>(sign | ((h >> 12) % 1024));
+    const int e = static_cast<int>((h >> 8) % 27) - 14;  // -14 .. 12
+    return static_cast<std::uint16_t>(sign | ((e + 15) << 10) | ((h >> 20) & 0x3ff));
+  }
+  const int e = static_cast<int>((h >> 8) % 41) - 20;  // -20 .. 20
+  return static_cast<std::uint16_t>(sign | ((e + 127) << 7) | ((h >> 20) & 0x7f));
+}
+
+// The reduction of element i (global index) over n ranks, rounded once.
+std::uint16_t reference(DataType t, ReduceOp op, std::uint64_t seed, int n, std::size_t i) {
+  double acc = op == ReduceOp::prod ? 1.0 : 0.0;
+  for (int q = 0; q < n; ++q) {
+    const double v = decode16(t, input(t, op, seed, q, i));
+    acc = op == ReduceOp::prod ? acc * v : acc + v;
+  }
+  if (op == ReduceOp::avg) acc /= n;
+  return encode16(t, acc);
+}
+
+// Runs fn(comm) on n ranks with SHMRING_ALGO = algo (nullptr: unset) set in
+// each child before its communicator exists. slot_bytes 0: the default.
+void run(int n, const char* algo, const std::function<void(Communicator&)>& fn,
+         std::size_t slot_bytes = 0) {
+  const std::string job = test::unique_job_id("acc");
+  auto status = test::run_processes(
+      n,
+      [&](int r) {
+        if (algo)
+          setenv("SHMRING_ALGO", algo, 1);
+        else
+          unsetenv("SHMRING_ALGO");
+        Options o;
+        o.rank = r;
+        o.world_size = n;
+        o.job_id = job;
+        o.slot_bytes = slot_bytes;
+        Communicator comm(o);
+        fn(comm);
+      },
+      300);
+  for (int r = 0; r < n; ++r)
+    CHECK_MESSAGE(status[r] == 0, "N=", n, " algo=", std::string(algo ? algo : "unset"), ": rank ",
+                  r, " status ", status[r]);
+}
+
+// Checks got[j] == reference(global index first + j) for j < count.
+void expect_reference(const std::uint16_t* got, std::size_t count, std::size_t first, DataType t,
+                      ReduceOp op, std::uint64_t seed, int n, const char* what, int rank) {
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::uint16_t want = reference(t, op, seed, n, first + j);
+    SHMRING_CHILD_CHECK(got[j] == want,
+                        "%s %s %s N=%d rank %d: [%zu] = 0x%04x (%.9g), float64 reference rounded "
+                        "once 0x%04x (%.9g)",
+                        what, name(t), name(op), n, rank, first + j, got[j], decode16(t, got[j]),
+                        want, decode16(t, want));
+  }
+}
+
+// allreduce (out of place and in place), reduce_scatter and reduce to every
+// root, for both 16-bit types and sum, avg, prod, against the reference.
+void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t seed) {
+  const int n = comm.size(), r = comm.rank();
+  for (DataType t : {DataType::float16, DataType::bfloat16}) {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::prod}) {
+      std::vector<std::uint16_t> send(count * n), recv(count * n, 0xdead);
+      for (std::size_t i = 0; i < send.size(); ++i) send[i] = input(t, op, seed, r, i);
+      comm.allreduce(send.data(), recv.data(), count, t, op);
+      expect_reference(recv.data(), count, 0, t, op, seed, n, "allreduce", r);
+      std::vector<std::uint16_t> inplace(send.begin(), send.begin() + count);
+      comm.allreduce(inplace.data(), inplace.data(), count, t, op);
+      expect_reference(inplace.data(), count, 0, t, op, seed, n, "in-place allreduce", r);
+
+      comm.reduce_scatter(send.data(), recv.data(), count, t, op);
+      expect_reference(recv.data(), count, r * count, t, op, seed, n, "reduce_scatter", r);
+
+      for (int root = 0; root < n; ++root) {
+        std::fill(recv.begin(), recv.end(), 0xdead);
+        comm.reduce(send.data(), recv.data(), count, t, op, root);
+        if (r == root) expect_reference(recv.data(), count, 0, t, op, seed, n, "reduce", r);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("case file, input 1: float16 avg of 4 x 30000 is 30000, not inf (count 5 and 2^20)") {
+  for (const char* algo : {static_cast<const char*>(nullptr), "ring", "direct", "two_shot"}) {
+    for (std::size_t count : {std::size_t{5}, std::size_t{1} << 20}) {
+      run(4, algo, [count](Communicator& comm) {
+        const std::uint16_t v30000 = encode16(DataType::float16, 30000.0);
+        std::vector<std::uint16_t> buf(count, v30000);
+        comm.allreduce(buf.data(), buf.data(), count, DataType::float16, ReduceOp::avg);
+        for (std::size_t i = 0; i < count; ++i)
+          SHMRING_CHILD_CHECK(buf[i] == v30000, "rank %d [%zu] = %g, want 30000", comm.rank(), i,
+                              decode16(DataType::float16, buf[i]));
+        // Mean 45000 of 20000, 40000, 60000, 60000 (sum 180000 > 65504),
+        // rounded once.
+        const double mine[] = {20000, 40000, 60000, 60000};
+        std::vector<std::uint16_t> b(count, encode16(DataType::float16, mine[comm.rank()]));
+        std::vector<std::uint16_t> out(count);
+        comm.allreduce(b.data(), out.data(), count, DataType::float16, ReduceOp::avg);
+        // 45000 itself is not a float16: the nearest is 44992.
+        for (std::size_t i = 0; i < count; ++i)
+          SHMRING_CHILD_CHECK(out[i] == encode16(DataType::float16, 45000.0),
+                              "rank %d [%zu] = %g, want 44992", comm.rank(), i,
+                              decode16(DataType::float16, out[i]));
+        // The case's 20000, 40000, 60000, 80000 in bfloat16 (80000 is past
+        // float16's range): the mean of the rounded inputs, rounded once.
+        const double bf[] = {20000, 40000, 60000, 80000};
+        double sum = 0;
+        for (double x : bf) sum += decode16(DataType::bfloat16, encode16(DataType::bfloat16, x));
+        const std::uint16_t want = encode16(DataType::bfloat16, sum / 4);
+        std::vector<std::uint16_t> c(count, encode16(DataType::bfloat16, bf[comm.rank()]));
+        comm.allreduce(c.data(), c.data(), count, DataType::bfloat16, ReduceOp::avg);
+        for (std::size_t i = 0; i < count; ++i)
+          SHMRING_CHILD_CHECK(c[i] == want, "rank %d bf16 [%zu] = %g, want %g", comm.rank(), i,
+                              decode16(DataType::bfloat16, c[i]),
+                              decode16(DataType::bfloat16, want));
+      });
+    }
+  }
+}
+
+TEST_CASE("float16 avg and sum never overflow through a partial, at N=3 in every position") {
+  // N=3, ring with small slots (many slices): each chunk reduces in another
+  // order, so a rounded or 16-bit partial would overflow at some positions.
+  for (const char* algo : {"ring", "direct"}) {
+    run(
+        3, algo,
+        [](Communicator& comm) {
+          const std::size_t count = 3001;
+          const double big[] = {60000, 60000, -60000};
+          std::vector<std::uint16_t> b(count, encode16(DataType::float16, big[comm.rank()]));
+          std::vector<std::uint16_t> out(count);
+          comm.allreduce(b.data(), out.data(), count, DataType::float16, ReduceOp::sum);
+          for (std::size_t i = 0; i < count; ++i)
+            SHMRING_CHILD_CHECK(decode16(DataType::float16, out[i]) == 60000.0,
+                                "sum rank %d [%zu] = %g, want 60000", comm.rank(), i,
+                                decode16(DataType::float16, out[i]));
+          comm.allreduce(b.data(), out.data(), count, DataType::float16, ReduceOp::avg);
+          for (std::size_t i = 0; i < count; ++i)
+            SHMRING_CHILD_CHECK(decode16(DataType::float16, out[i]) == 20000.0,
+                                "avg rank %d [%zu] = %g, want 20000", comm.rank(), i,
+                                decode16(DataType::float16, out[i]));
+        },
+        4096);
+  }
+}
+
+TEST_CASE(
+    "case file, input 2: bfloat16 1 + 256 + 1 + 1 is 260 whatever the rank, algorithm or "
+    "position") {
+  for (const char* algo : {static_cast<const char*>(nullptr), "ring", "direct", "two_shot"}) {
+    // count 1 (the case), then the 256 held by each rank in turn at every
+    // position of a buffer cut into 4 chunks of several slices.
+    run(
+        4, algo,
+        [](Communicator& comm) {
+          const std::uint16_t one = encode16(DataType::bfloat16, 1.0);
+          const std::uint16_t big = encode16(DataType::bfloat16, 256.0);
+          const std::uint16_t want = encode16(DataType::bfloat16, 260.0);
+          std::uint16_t x = comm.rank() == 1 ? big : one, y = 0;
+          comm.allreduce(&x, &y, 1, DataType::bfloat16, ReduceOp::sum);
+          SHMRING_CHILD_CHECK(y == want, "rank %d: %g, want 260", comm.rank(),
+                              decode16(DataType::bfloat16, y));
+          const std::size_t count = 4099;
+          std::vector<std::uint16_t> in(count), out(count);
+          for (std::size_t i = 0; i < count; ++i)
+            in[i] = static_cast<int>(i % 4) == comm.rank() ? big : one;
+          comm.allreduce(in.data(), out.data(), count, DataType::bfloat16, ReduceOp::sum);
+          for (std::size_t i = 0; i < count; ++i)
+            SHMRING_CHILD_CHECK(out[i] == want, "rank %d [%zu]: %g, want 260", comm.rank(), i,
+                                decode16(DataType::bfloat16, out[i]));
+          for (int root = 0; root < 4; ++root) {
+            std::fill(out.begin(), out.end(), 0);
+            comm.reduce(in.data(), out.data(), count, DataType::bfloat16, ReduceOp::sum, root);
+            if (comm.rank() == root)
+              for (std::size_t i = 0; i < count; ++i)
+                SHMRING_CHILD_CHECK(out[i] == want, "reduce root %d [%zu]: %g, want 260", root, i,
+                                    decode16(DataType::bfloat16, out[i]));
+          }
+          // reduce_scatter: 4 blocks of 1025.
+          std::vector<std::uint16_t> s(4 * 1025), rs(1025);
+          for (std::size_t i = 0; i < s.size(); ++i)
+            s[i] = static_cast<int>(i % 4) == comm.rank() ? big : one;
+          comm.reduce_scatter(s.data(), rs.data(), 1025, DataType::bfloat16, ReduceOp::sum);
+          for (std::size_t i = 0; i < rs.size(); ++i)
+            SHMRING_CHILD_CHECK(rs[i] == want, "reduce_scatter rank %d [%zu]: %g, want 260",
+                                comm.rank(), i, decode16(DataType::bfloat16, rs[i]));
+        },
+        4096);
+  }
+}
+
+TEST_CASE("random mixes of magnitudes equal the float64 reference rounded once, N=2..8, direct") {
+  for (int n = 2; n <= 8; ++n)
+    run(n, "direct", [n](Communicator& comm) { check_random_mixes(comm, 613, 100 + n); });
+}
+
+TEST_CASE(
+    "random mixes of magnitudes equal the float64 reference rounded once, N=2..8, ring/chain") {
+  // Small slots: every chunk crosses several slices (float64 partials).
+  for (int n = 2; n <= 8; ++n)
+    run(
+        n, "ring", [n](Communicator& comm) { check_random_mixes(comm, 1501, 200 + n); }, 4096);
+}
+
+TEST_CASE("random mixes, default algorithm choice and slots, N=4, a count past the direct buffer") {
+  run(4, nullptr, [](Communicator& comm) { check_random_mixes(comm, 40000, 300); });
+}
+
+TEST_CASE("random mixes with 2 reduction threads per rank (oneTBB grains), ring and direct, N=3") {
+  // Chunks of 46667 elements: full 32768-element float64 slices in the ring
+  // and over 256 KiB of 16-bit data in the direct path, so both split.
+  for (const char* algo : {"ring", "direct"}) {
+    setenv("SHMRING_THREADS", "2", 1);
+    setenv("SHMRING_DIRECT_BYTES", "1048576", 1);
+    run(3, algo, [](Communicator& comm) { check_random_mixes(comm, 140001, 400); });
+    unsetenv("SHMRING_THREADS");
+    unsetenv("SHMRING_DIRECT_BYTES");
+  }
+}
+
+TEST_CASE("16-bit min and max stay exact and propagate NaN on both paths") {
+  for (const char* algo : {"ring", "direct"})
+    run(
+        5, algo,
+        [](Communicator& comm) {
+          const int n = comm.size(), r = comm.rank();
+          const std::size_t count = 2003;
+          for (DataType t : {DataType::float16, DataType::bfloat16}) {
+            std::vector<std::uint16_t> in(count), out(count);
+            auto v = [&](int q, std::size_t i) {
+              if (i % 97 == 5 && static_cast<int>(i % n) == q)
+                return t == DataType::float16 ? std::uint16_t{0x7e00} : std::uint16_t{0x7fc0};
+              return input(t, ReduceOp::sum, 7, q, i);
+            };
+            for (std::size_t i = 0; i < count; ++i) in[i] = v(r, i);
+            for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+              comm.allreduce(in.data(), out.data(), count, t, op);
+              for (std::size_t i = 0; i < count; ++i) {
+                double want = decode16(t, v(0, i));
+                bool nan = std::isnan(want);
+                for (int q = 1; q < n; ++q) {
+                  const double x = decode16(t, v(q, i));
+                  nan = nan || std::isnan(x);
+                  want = op == ReduceOp::min ? std::min(want, x) : std::max(want, x);
+                }
+                const double got = decode16(t, out[i]);
+                SHMRING_CHILD_CHECK(nan ? std::isnan(got) : got == want,
+                                    "%s %s rank %d [%zu] = %g want %g", name(t),
+                                    op == ReduceOp::min ? "min" : "max", r, i, got, want);
+              }
+            }
+          }
+        },
+        4096);
+}

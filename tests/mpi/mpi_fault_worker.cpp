@@ -1,0 +1,66 @@
+// A job that loses a rank in the middle of allreduces, for run_fault.py:
+//
+//   mpi_fault_worker kill|stop|stop-throw VICTIM
+//
+// Every rank prints its node's segment name, then runs 4 MiB allreduces in a
+// loop; 0.3 s in, rank VICTIM sends itself SIGKILL (it dies) or SIGSTOP (it
+// hangs: its node's peers time out). The job must then end on every node
+// with an error, quickly, leaving no segment behind; a loop that runs out
+// (60 s) exits 0, which run_fault.py reports as a failure. stop-throw runs
+// with SHMRING_MPI_ON_ERROR=throw: the rank that sees the error catches it,
+// checks that the communicator now refuses work, and aborts the job itself.
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <shmring/mpi.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const std::string mode = argc == 3 ? argv[1] : "";
+  if (mode != "kill" && mode != "stop" && mode != "stop-throw") {
+    fmt::print(stderr, "usage: mpi_fault_worker kill|stop|stop-throw VICTIM_RANK\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const int sig = mode == "kill" ? SIGKILL : SIGSTOP;
+  if (mode == "stop-throw") setenv("SHMRING_MPI_ON_ERROR", "throw", 1);
+  const int victim = std::atoi(argv[2]);
+  shmring::mpi::Communicator comm(MPI_COMM_WORLD);
+  fmt::print("rank {} node {} segment {}\n", comm.rank(), comm.node(),
+             comm.node_communicator().config().segment_name);
+  std::fflush(stdout);
+  comm.barrier();
+  if (comm.rank() == victim)
+    std::thread([sig] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(sig);
+    }).detach();
+  std::vector<float> buf(1 << 20, 1.0f);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  long rounds = 0;
+  try {
+    while (std::chrono::steady_clock::now() < end) {
+      comm.allreduce(std::span<float>(buf), shmring::ReduceOp::max);
+      ++rounds;
+    }
+  } catch (const shmring::Error& e) {
+    fmt::print("rank {} caught {}: {}\n", comm.rank(), shmring::to_string(e.code()), e.what());
+    try {
+      comm.barrier();
+      fmt::print("rank {}: FAIL the broken communicator ran a barrier\n", comm.rank());
+    } catch (const shmring::AbortedError& again) {
+      fmt::print("rank {} refused: {}\n", comm.rank(), again.what());
+    }
+    std::fflush(stdout);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  fmt::print("rank {}: {} allreduces and no failure\n", comm.rank(), rounds);
+  MPI_Finalize();
+  return 0;
+}

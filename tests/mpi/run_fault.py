@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""A rank that dies (SIGKILL) or hangs (SIGSTOP) mid-allreduce on one fake node
+must end the job on every node with an error, quickly, with nothing left in
+/dev/shm.
+
+    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw NODES VICTIM
+
+Exit 0: the job ended with a non-zero status within the bound, the output
+names the failure, and no segment of this job is left. 77: the rig cannot
+run here (not root, no unshare, no mpirun).
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+BOUND_S = 45  # generous: SHMRING_TIMEOUT is 3 s here; mpirun tears down in ~1 s
+
+
+def main():
+    fake_nodes, worker, mode, nodes, victim = sys.argv[1:6]
+    env = dict(os.environ, SHMRING_TIMEOUT="3")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([fake_nodes, "--nodes", nodes, "--", worker, mode, victim],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           timeout=BOUND_S + 60)
+    except subprocess.TimeoutExpired as e:
+        print(f"FAIL: the job still ran after {BOUND_S + 60} s (a hang)\n{e.output}")
+        return 1
+    took = time.monotonic() - t0
+    out = p.stdout
+    print(out[-6000:])
+    if p.returncode == 77:
+        return 77
+    failures = []
+    if p.returncode == 0:
+        failures.append("the job exited 0: the lost rank went unnoticed")
+    if took > BOUND_S:
+        failures.append(f"the job took {took:.1f} s to end, more than {BOUND_S} s")
+    if "no failure" in out:
+        failures.append("a rank finished its loop without an error")
+    if mode == "stop-throw":
+        # SHMRING_MPI_ON_ERROR=throw: the error reaches the program, the
+        # communicator refuses further work, the program aborts the job.
+        if not re.search(r"rank \d+ caught timeout: shmring-mpi: rank", out):
+            failures.append("no rank caught a timeout error from the layer")
+        if not re.search(r"rank \d+ refused: .*broken by an earlier error", out):
+            failures.append("the broken communicator did not refuse the next call")
+    elif mode == "stop":
+        # The victim is alive but silent: its node's peers time out, and our
+        # error policy must name it and abort the job.
+        if not re.search(r"shmring-mpi: rank \d+/\d+ \(node \d+/\d+ 'fake-node-\d+'.*failed:.*"
+                         r"aborting the MPI job", out):
+            failures.append("no 'shmring-mpi: rank ... failed: ... aborting the MPI job' line")
+    else:
+        if not re.search(r"shmring-mpi: rank .*failed|signal 9|Killed|exited on signal", out):
+            failures.append("nothing in the output names the failure")
+    segments = set(re.findall(r"segment (shmring-\S+)", out))
+    if not segments:
+        failures.append("no segment names printed (the job did not start?)")
+    left = [s for s in segments if os.path.exists(os.path.join("/dev/shm", s))]
+    for s in left:
+        os.unlink(os.path.join("/dev/shm", s))  # ours: named by this job's nonce
+    if left:
+        failures.append(f"segments left in /dev/shm: {left}")
+    print(f"# {mode} rank {victim} on --nodes {nodes}: exit {p.returncode} after {took:.1f} s")
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

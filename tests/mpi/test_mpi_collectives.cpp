@@ -1,0 +1,489 @@
+// Every collective of shmring::mpi::Communicator, every datatype and
+// operator, against values computed here from the inputs' formula. Run under
+// mpirun, usually through tools/fake-nodes (several fake nodes on this
+// machine):
+//
+//   tools/fake-nodes --nodes 2x2 -- build/tests/mpi/test_mpi_collectives
+//
+// Inputs are integers, distinct per (rank, index), small enough that every
+// partial result is exact in every datatype (so the order of reduction
+// cannot change a bit) and that a wrong offset or a wrong rank's block
+// cannot pass. Each rank checks its own outputs; the failures are summed
+// over ranks and the program exits 1 if there is any.
+//
+// Options: --algos auto,leaders,shards,flat (the allreduce algorithms to
+// run; one communicator each); --quick (counts without 2^20+3); --few-big
+// (2^20+3 for a few datatype/operator pairs only, in every collective);
+// --expect-nodes K (fail unless the layer sees K nodes).
+
+#include <fmt/format.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <shmring/mpi.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using shmring::DataType;
+using shmring::ReduceOp;
+namespace smpi = shmring::mpi;
+
+constexpr DataType kTypes[] = {DataType::float32,  DataType::float64, DataType::float16,
+                               DataType::bfloat16, DataType::int8,    DataType::uint8,
+                               DataType::int32,    DataType::int64};
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max,
+                             ReduceOp::avg};
+
+int g_rank = 0, g_size = 1;
+long g_cases = 0, g_failures = 0;
+
+// --- Values <-> the bits of each datatype ------------------------------------
+
+std::uint16_t to_bf16(double v) {  // exact for the integers used here
+  const float f = static_cast<float>(v);
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+double from_bf16(std::uint16_t h) {
+  const std::uint32_t u = std::uint32_t{h} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void store(DataType t, void* base, std::size_t i, double v) {
+  switch (t) {
+    case DataType::float32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
+    case DataType::float64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DataType::float16:
+      static_cast<_Float16*>(base)[i] = static_cast<_Float16>(v);
+      break;
+    case DataType::bfloat16:
+      static_cast<std::uint16_t*>(base)[i] = to_bf16(v);
+      break;
+    case DataType::int8:
+      static_cast<std::int8_t*>(base)[i] = static_cast<std::int8_t>(v);
+      break;
+    case DataType::uint8:
+      static_cast<std::uint8_t*>(base)[i] = static_cast<std::uint8_t>(v);
+      break;
+    case DataType::int32:
+      static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v);
+      break;
+    case DataType::int64:
+      static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v);
+      break;
+  }
+}
+
+double load(DataType t, const void* base, std::size_t i) {
+  switch (t) {
+    case DataType::float32:
+      return static_cast<const float*>(base)[i];
+    case DataType::float64:
+      return static_cast<const double*>(base)[i];
+    case DataType::float16:
+      return static_cast<double>(static_cast<const _Float16*>(base)[i]);
+    case DataType::bfloat16:
+      return from_bf16(static_cast<const std::uint16_t*>(base)[i]);
+    case DataType::int8:
+      return static_cast<const std::int8_t*>(base)[i];
+    case DataType::uint8:
+      return static_cast<const std::uint8_t*>(base)[i];
+    case DataType::int32:
+      return static_cast<const std::int32_t*>(base)[i];
+    case DataType::int64:
+      return static_cast<double>(static_cast<const std::int64_t*>(base)[i]);
+  }
+  return 0;
+}
+
+// --- Inputs -------------------------------------------------------------------
+
+// Largest magnitude any partial result may reach and stay exact (and in range).
+double budget(DataType t) {
+  switch (t) {
+    case DataType::int8:
+      return 127;
+    case DataType::uint8:
+      return 255;
+    case DataType::bfloat16:
+      return 256;
+    case DataType::float16:
+      return 2048;
+    case DataType::float32:
+      return 1 << 24;
+    default:
+      return 1e12;
+  }
+}
+
+// Input of `rank` at index i, for op. Distinct per (rank, index): the
+// pattern moves with both, with a period (a prime) far from any offset.
+double input(DataType t, ReduceOp op, int rank, std::size_t i) {
+  const auto k = static_cast<long long>(i);
+  if (op == ReduceOp::prod) {
+    static constexpr double kSigned[] = {1, 2, -1, 3};
+    static constexpr double kUnsigned[] = {1, 2, 1, 3};
+    const auto j = static_cast<std::size_t>((k + 3 * rank) % 4);
+    return t == DataType::uint8 ? kUnsigned[j] : kSigned[j];
+  }
+  // Sums of g_size values stay within budget; avg's values are multiples of
+  // g_size so that the average is an exact integer too.
+  const double scale = op == ReduceOp::avg ? g_size : 1;
+  auto half = static_cast<long long>(budget(t) / g_size / scale);
+  if (t == DataType::uint8) {
+    const long long m = std::max(2ll, half + 1);
+    return static_cast<double>((k * 7 + rank * 13 + 1) % m) * scale;
+  }
+  half = std::min(half, 1000000ll);
+  const long long m = 2 * half + 1;
+  return static_cast<double>((k * 7919 + rank * 104729 + 11) % m - half) * scale;
+}
+
+double reduced(DataType t, ReduceOp op, std::size_t i) {
+  double acc = input(t, op, 0, i);
+  for (int r = 1; r < g_size; ++r) {
+    const double v = input(t, op, r, i);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  return op == ReduceOp::avg ? acc / g_size : acc;
+}
+
+template <class F>
+void fill(DataType t, void* buf, std::size_t n, F&& f) {
+  for (std::size_t i = 0; i < n; ++i) store(t, buf, i, f(i));
+}
+
+constexpr std::byte kSentinel{0x5a};
+
+// Compares buf[0..n) with expect(i), bit for bit; reports the first miss.
+// The expected values are written out whole, then compared with memcmp.
+template <class F>
+bool check(const std::string& what, DataType t, const void* buf, std::size_t n, F&& expect) {
+  const std::size_t es = shmring::datatype_size(t);
+  std::vector<std::byte> want(n * es);
+  fill(t, want.data(), n, expect);
+  if (std::memcmp(want.data(), buf, n * es) == 0) return true;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::memcmp(want.data() + i * es, static_cast<const std::byte*>(buf) + i * es, es) != 0) {
+      fmt::print(stderr, "rank {}: FAIL {}: element {} of {} is {}, expected {}\n", g_rank, what, i,
+                 n, load(t, buf, i), expect(i));
+      return false;
+    }
+  }
+  return true;
+}
+
+void record(bool ok) {
+  ++g_cases;
+  if (!ok) ++g_failures;
+}
+
+constexpr std::size_t kBig = (std::size_t{1} << 20) + 3;
+
+// The counts of the issue: 0, 1, N-1, N+1, 1009 and 2^20+3 (N ranks). The
+// big one runs for every datatype and operator where `all_big` (once per
+// collective), else only for a few combinations that cover the kinds of path
+// (float32, 16-bit through float32, integers); --quick drops it.
+std::vector<std::size_t> counts(bool quick, bool all_big = true, DataType t = DataType::float32,
+                                ReduceOp op = ReduceOp::sum) {
+  const auto n = static_cast<std::size_t>(g_size);
+  std::vector<std::size_t> c = {0, 1, n - 1, n + 1, 1009};
+  const bool few = (t == DataType::float32 && op == ReduceOp::sum) ||
+                   (t == DataType::bfloat16 && op == ReduceOp::avg) ||
+                   (t == DataType::float16 && op == ReduceOp::max) ||
+                   (t == DataType::int32 && op == ReduceOp::min) ||
+                   (t == DataType::uint8 && op == ReduceOp::prod);
+  if (!quick && (all_big || few)) c.push_back(kBig);
+  return c;
+}
+
+bool valid(DataType t, ReduceOp op) {
+  return op != ReduceOp::avg || shmring::is_floating(t);
+}
+
+std::string name(DataType t, ReduceOp op) {
+  return fmt::format("{} {}", shmring::to_string(t), shmring::to_string(op));
+}
+
+// --- The cases -----------------------------------------------------------------
+
+void test_allreduce(smpi::Communicator& comm, const std::string& algo, bool quick, bool all_big) {
+  for (DataType t : kTypes)
+    for (ReduceOp op : kOps) {
+      if (!valid(t, op)) continue;
+      const std::size_t es = shmring::datatype_size(t);
+      for (std::size_t n : counts(quick, all_big, t, op))
+        for (bool in_place : {false, true}) {
+          const std::string what = fmt::format("allreduce[{}] {} count {} {}", algo, name(t, op), n,
+                                               in_place ? "in place" : "out of place");
+          std::vector<std::byte> send(n * es), recv(n * es, kSentinel);
+          auto mine = [&](std::size_t i) { return input(t, op, g_rank, i); };
+          void* dst = in_place ? send.data() : recv.data();
+          fill(t, send.data(), n, mine);
+          comm.allreduce(n ? send.data() : nullptr, n ? dst : nullptr, n, t, op);
+          bool ok = check(what, t, dst, n, [&](std::size_t i) { return reduced(t, op, i); });
+          if (!in_place) ok = check(what + " (send unchanged)", t, send.data(), n, mine) && ok;
+          record(ok);
+        }
+    }
+}
+
+void test_reduce_scatter(smpi::Communicator& comm, bool quick) {
+  for (DataType t : kTypes)
+    for (ReduceOp op : kOps) {
+      if (!valid(t, op)) continue;
+      const std::size_t es = shmring::datatype_size(t);
+      for (std::size_t total : counts(quick, false, t, op))
+        for (bool in_place : {false, true}) {
+          const std::size_t rc = total / static_cast<std::size_t>(g_size) + (total % 2);
+          const std::size_t n = rc * static_cast<std::size_t>(g_size);
+          const std::size_t off = rc * static_cast<std::size_t>(g_rank);
+          const std::string what = fmt::format("reduce_scatter {} recv_count {} {}", name(t, op),
+                                               rc, in_place ? "in place" : "out of place");
+          std::vector<std::byte> send(n * es), recv(rc * es, kSentinel);
+          fill(t, send.data(), n, [&](std::size_t i) { return input(t, op, g_rank, i); });
+          void* dst = in_place ? send.data() + off * es : recv.data();
+          comm.reduce_scatter(n ? send.data() : nullptr, rc ? dst : nullptr, rc, t, op);
+          record(check(what, t, dst, rc, [&](std::size_t i) { return reduced(t, op, off + i); }));
+        }
+    }
+}
+
+void test_allgather(smpi::Communicator& comm, bool quick) {
+  for (DataType t : kTypes) {
+    const std::size_t es = shmring::datatype_size(t);
+    for (std::size_t total : counts(quick))
+      for (bool in_place : {false, true}) {
+        const std::size_t sc = total / static_cast<std::size_t>(g_size) + (total % 2);
+        const std::size_t n = sc * static_cast<std::size_t>(g_size);
+        const std::string what = fmt::format("allgather {} send_count {} {}", shmring::to_string(t),
+                                             sc, in_place ? "in place" : "out of place");
+        // Element i of rank r's block: input of rank r at index i.
+        auto value = [&](int r, std::size_t i) { return input(t, ReduceOp::sum, r, i); };
+        std::vector<std::byte> send(sc * es), recv(n * es, kSentinel);
+        void* src = send.data();
+        if (in_place) src = recv.data() + sc * static_cast<std::size_t>(g_rank) * es;
+        fill(t, src, sc, [&](std::size_t i) { return value(g_rank, i); });
+        comm.allgather(sc ? src : nullptr, n ? recv.data() : nullptr, sc, t);
+        record(check(what, t, recv.data(), n,
+                     [&](std::size_t i) { return value(static_cast<int>(i / sc), i % sc); }));
+      }
+  }
+}
+
+void test_broadcast(smpi::Communicator& comm, bool quick) {
+  for (DataType t : kTypes) {
+    const std::size_t es = shmring::datatype_size(t);
+    for (std::size_t n : counts(quick))
+      for (int root = 0; root < g_size; ++root) {
+        if (n > 100000 && root != 0 && root != g_size - 1) continue;  // time
+        const std::string what =
+            fmt::format("broadcast {} count {} root {}", shmring::to_string(t), n, root);
+        std::vector<std::byte> buf(n * es, kSentinel);
+        if (g_rank == root)
+          fill(t, buf.data(), n, [&](std::size_t i) { return input(t, ReduceOp::sum, root, i); });
+        comm.broadcast(n ? buf.data() : nullptr, n, t, root);
+        record(check(what, t, buf.data(), n,
+                     [&](std::size_t i) { return input(t, ReduceOp::sum, root, i); }));
+      }
+  }
+}
+
+void test_reduce(smpi::Communicator& comm, bool quick) {
+  // Roots: the first and last rank and one that leads no node (rank 1 in
+  // every layout tested here is either).
+  std::vector<int> roots = {0};
+  if (g_size > 1) roots.push_back(g_size - 1);
+  if (g_size > 2) roots.push_back(1);
+  for (DataType t : kTypes)
+    for (ReduceOp op : kOps) {
+      if (!valid(t, op)) continue;
+      const std::size_t es = shmring::datatype_size(t);
+      for (std::size_t n : counts(quick, false, t, op))
+        for (int root : roots)
+          for (bool in_place : {false, true}) {
+            const std::string what = fmt::format("reduce {} count {} root {} {}", name(t, op), n,
+                                                 root, in_place ? "in place" : "out of place");
+            std::vector<std::byte> send(n * es), recv(n * es, kSentinel);
+            fill(t, send.data(), n, [&](std::size_t i) { return input(t, op, g_rank, i); });
+            void* dst = in_place && g_rank == root ? send.data() : recv.data();
+            comm.reduce(n ? send.data() : nullptr, n ? dst : nullptr, n, t, op, root);
+            if (g_rank == root) {
+              record(check(what, t, dst, n, [&](std::size_t i) { return reduced(t, op, i); }));
+            } else {
+              // recv is ignored off the root: untouched.
+              bool ok = true;
+              for (std::byte b : recv) ok = ok && b == kSentinel;
+              if (!ok)
+                fmt::print(stderr, "rank {}: FAIL {}: recv written off the root\n", g_rank, what);
+              record(ok);
+            }
+          }
+    }
+}
+
+void test_barrier(smpi::Communicator& comm) {
+  // The last rank enters late; nobody may leave before it entered. Times from
+  // CLOCK_MONOTONIC, one clock for every process of the machine.
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  for (int round = 0; round < 3; ++round) {
+    double entered = 0;
+    if (g_rank == g_size - 1) {
+      usleep(200000);
+      entered = now();
+    }
+    comm.barrier();
+    const double left = now();
+    comm.broadcast(&entered, 1, DataType::float64, g_size - 1);
+    const bool ok = left >= entered;
+    if (!ok)
+      fmt::print(stderr,
+                 "rank {}: FAIL barrier round {}: left {:.6f} s before the last rank entered\n",
+                 g_rank, round, entered - left);
+    record(ok);
+  }
+}
+
+void test_bad_arguments(smpi::Communicator& comm) {
+  // Rejected alike on every rank, before anything moves; the communicator
+  // stays usable.
+  int v = 1;
+  bool ok = false;
+  try {
+    comm.allreduce(&v, &v, 1, DataType::int32, ReduceOp::avg);
+  } catch (const shmring::InvalidArgumentError& e) {
+    ok = std::string(e.what()).find("avg") != std::string::npos;
+  }
+  record(ok);
+  ok = false;
+  try {
+    comm.broadcast(&v, 1, DataType::int32, g_size);
+  } catch (const shmring::InvalidArgumentError& e) {
+    ok = std::string(e.what()).find("root") != std::string::npos;
+  }
+  record(ok);
+  comm.allreduce(&v, &v, 1, DataType::int32, ReduceOp::sum);
+  record(v == g_size);
+  // A bad setting is refused on every rank before any communication.
+  ok = false;
+  try {
+    smpi::Options o;
+    o.algorithm = "ring";
+    smpi::Communicator bad(MPI_COMM_WORLD, o);
+  } catch (const shmring::InvalidArgumentError& e) {
+    ok = std::string(e.what()).find("leaders, shards or flat") != std::string::npos;
+  }
+  if (!ok) fmt::print(stderr, "rank {}: FAIL Options::algorithm='ring' was not refused\n", g_rank);
+  record(ok);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  std::string algos = "auto,leaders,shards,flat";
+  bool quick = false, few_big = false;
+  int expect_nodes = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--algos" && i + 1 < argc)
+      algos = argv[++i];
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--few-big")
+      few_big = true;
+    else if (a == "--expect-nodes" && i + 1 < argc)
+      expect_nodes = std::atoi(argv[++i]);
+  }
+  const double t0 = MPI_Wtime();
+  try {
+    bool first = true;
+    for (const std::string& algo : split(algos)) {
+      smpi::Options o;
+      o.algorithm = algo;
+      smpi::Communicator comm(MPI_COMM_WORLD, o);
+      if (first) {
+        fmt::print("rank {}/{}: node {}/{}, local rank {}/{}, segment {}\n", g_rank, g_size,
+                   comm.node(), comm.num_nodes(), comm.local_rank(), comm.local_size(),
+                   comm.node_communicator().config().segment_name);
+        std::fflush(stdout);
+        if (expect_nodes > 0) {
+          const bool ok = comm.num_nodes() == expect_nodes;
+          if (!ok)
+            fmt::print(stderr, "rank {}: FAIL the layer sees {} nodes, expected {}\n", g_rank,
+                       comm.num_nodes(), expect_nodes);
+          record(ok);
+        }
+      }
+      auto timed = [&](const char* what, auto&& body) {
+        const double t = MPI_Wtime();
+        body();
+        if (g_rank == 0) fmt::print("# {}: {:.1f} s\n", what, MPI_Wtime() - t);
+        std::fflush(stdout);
+      };
+      timed(("allreduce " + algo).c_str(),
+            [&] { test_allreduce(comm, algo, quick, first && !few_big); });
+      if (first) {
+        timed("reduce_scatter", [&] { test_reduce_scatter(comm, quick); });
+        timed("allgather", [&] { test_allgather(comm, quick); });
+        timed("broadcast", [&] { test_broadcast(comm, quick); });
+        timed("reduce", [&] { test_reduce(comm, quick); });
+        timed("barrier", [&] { test_barrier(comm); });
+        test_bad_arguments(comm);
+      }
+      first = false;
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rank {}: FAIL uncaught exception: {}\n", g_rank, e.what());
+    ++g_failures;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  long totals[2] = {g_cases, g_failures};
+  MPI_Allreduce(MPI_IN_PLACE, totals, 2, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (g_rank == 0)
+    fmt::print("{} ranks: {} checks, {} failed ({:.1f} s)\n", g_size, totals[0], totals[1],
+               MPI_Wtime() - t0);
+  MPI_Finalize();
+  return totals[1] == 0 ? 0 : 1;
+}

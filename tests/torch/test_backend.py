@@ -1,0 +1,112 @@
+"""torch.distributed backend "shmring": operations, errors, groups, launchers
+(real processes, one per rank)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from conftest import (REPO, WORKER, assert_all_ok, finish_job, job_ids, report, run_job,
+                      shm_entries, start_job)
+
+
+def test_every_operation_and_dtype(tmp):
+    """allreduce (every operator and dtype, edge counts), allreduce_coalesced,
+    broadcast, allgather, _allgather_base, reduce_scatter,
+    _reduce_scatter_base, reduce, barrier equal a reference computed in the
+    worker; non-contiguous tensors; Work and futures, including a collective
+    issued from inside a future callback; refusals name what they refuse and
+    leave the group usable."""
+    results = run_job("ops_all", 3, tmp)
+    assert_all_ok(results)
+    for _, out in results:
+        for word in ("ops ok", "layout ok", "async ok", "refusals ok"):
+            assert word in out
+
+
+def test_mismatch_is_an_error_on_every_rank(tmp):
+    results = run_job("mismatch", 2, tmp)
+    assert_all_ok(results)
+
+
+def test_timeouts(tmp):
+    results = run_job("timeouts", 2, tmp, env={"SHMRING_TIMEOUT": "3"})
+    assert_all_ok(results)
+
+
+def test_peer_death_is_an_error_on_the_survivors(tmp):
+    """Rank 1 is SIGKILLed: ranks 0 and 2 get RuntimeError naming it within
+    seconds, and the group refuses later operations."""
+    results = run_job("peer_death", 3, tmp, env={"SHMRING_TIMEOUT": "60"})
+    assert results[1][0] == -9, report(results)
+    for r in (0, 2):
+        assert results[r][0] == 0, report(results)
+        assert "peer_death ok" in results[r][1]
+
+
+def test_new_group_is_a_communicator_of_its_own(tmp):
+    results = run_job("new_group", 3, tmp)
+    assert_all_ok(results)
+    ids = job_ids(out for _, out in results)
+    assert len(ids) == 3, ids  # world, [0, 2], [1, 2]
+
+
+def test_two_jobs_with_the_same_launcher_ids_never_meet(tmp):
+    """Both jobs get the same MASTER_PORT, TORCHELASTIC_RUN_ID and
+    SHMRING_JOB_ID; their shmring job ids come from their own stores."""
+    same = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "TORCHELASTIC_RUN_ID": "same",
+            "SHMRING_JOB_ID": "same-job"}
+    a = start_job("job", 2, tmp, env={**same, "JOB_VALUE": "1"}, tag="a")
+    b = start_job("job", 2, tmp, env={**same, "JOB_VALUE": "1000"}, tag="b")
+    ra, rb = finish_job(a), finish_job(b)
+    assert_all_ok(ra)
+    assert_all_ok(rb)
+    ida, idb = job_ids(o for _, o in ra), job_ids(o for _, o in rb)
+    assert len(ida) == 1 and len(idb) == 1 and ida != idb, (ida, idb)
+
+
+def _launcher_env():
+    return dict(os.environ)
+
+
+def test_torchrun(tmp):
+    """torchrun (env://). Debian's torchrun needs --redirects 2 --tee 2."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--redirects", "2", "--tee", "2", str(WORKER), "smoke", "0", "0", "env", str(tmp)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300, env=_launcher_env())
+    assert p.returncode == 0, p.stdout
+    assert p.stdout.count("smoke ok") == 2, p.stdout
+    assert shm_entries(job_ids([p.stdout])) == []
+
+
+@pytest.mark.skipif("SHMRUN" not in os.environ, reason="SHMRUN (the built launcher) not set")
+def test_shmrun_ddp_example(tmp):
+    """examples/train_torch.py --ddp under shmrun: a few steps of the CNN with
+    small buckets, then the test-set evaluation."""
+    data = pathlib.Path("/usr/share/datasets/fashion-mnist")
+    if not (data / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip("Fashion-MNIST (dataset-fashion-mnist) not installed")
+    cmd = [os.environ["SHMRUN"], "-n", "2", "--", sys.executable,
+           str(REPO / "examples" / "train_torch.py"), "--ddp", "--model", "cnn",
+           "--max-steps", "3", "--bucket-cap-mb", "0.05", "--warmup", "0", "--batch-size", "64"]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout
+    assert "RESULT ddp backend=shmring model=cnn ranks=2 steps=3" in p.stdout, p.stdout
+
+
+def test_import_shmring_registers_only_when_torch_is_loaded():
+    """`import torch; import shmring` registers the backend; a plain
+    `import shmring` does not pay for importing torch."""
+    code = ("import torch, torch.distributed as dist, shmring; "
+            "print(dist.Backend('shmring'))")
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().endswith("shmring"), p.stdout
+    code = "import sys, shmring; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stdout

@@ -1,0 +1,484 @@
+"""One rank of a torch.distributed test job (tests/torch).
+
+    torch_worker.py SCENARIO RANK SIZE INIT OUTDIR [BACKEND]
+
+INIT is a file:// URL (a FileStore the ranks share) or "env" (env://, rank
+and size from RANK / WORLD_SIZE, as torchrun and shmrun set them). BACKEND is
+shmring (default) or gloo. The worker prints "JOB_ID <id>" for each shmring
+group it makes (the test checks /dev/shm for them afterwards) and exits 0
+only when every check passed.
+"""
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import shmring.torch  # noqa: F401  registers "shmring"
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+          torch.int8, torch.uint8, torch.int32, torch.int64]
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
+
+
+def init(backend, init, rank, size):
+    kw = dict(timeout=datetime.timedelta(seconds=60))
+    if init == "env":
+        dist.init_process_group(backend, init_method="env://", **kw)
+    else:
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=size, **kw)
+    report_job(dist.distributed_c10d._get_default_group())
+
+
+def report_job(pg):
+    job = getattr(pg, "job_id", None)
+    if job:
+        print("JOB_ID", job, flush=True)
+
+
+def values(rank, n, op, dtype):
+    """Distinct per (rank, index), small enough that every sum, product,
+    min and max is exact in every dtype (bfloat16 included)."""
+    i = torch.arange(n, dtype=torch.int64)
+    if op == "PRODUCT":
+        v = (rank + i) % 3 + 1  # 1..3: a product of 3 ranks <= 27
+    elif op in ("MIN", "MAX"):
+        v = (rank * 5 + i * 11) % 23 - 11
+    else:
+        v = (rank * 7 + i * 3) % 17 - 8
+    if dtype == torch.uint8:
+        v = v.abs()
+    return v.to(dtype)
+
+
+def reference(size, n, op, dtype):
+    stack = torch.stack([values(r, n, op, dtype).to(torch.float64) for r in range(size)])
+    if op == "SUM":
+        out = stack.sum(0)
+    elif op == "AVG":
+        out = stack.sum(0) / size
+    elif op == "PRODUCT":
+        out = stack.prod(0)
+    elif op == "MIN":
+        out = stack.min(0).values
+    else:
+        out = stack.max(0).values
+    return out
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def check_close(got, want, what, op="SUM"):
+    got64 = got.to(torch.float64)
+    if op == "AVG":
+        # sum / size rounds once in the tensor's dtype.
+        tol = {torch.float16: 1e-2, torch.bfloat16: 1e-1}.get(got.dtype, 1e-6)
+        ok = torch.allclose(got64, want, rtol=0, atol=tol)
+    else:
+        ok = torch.equal(got64, want)
+    if not ok:
+        bad = (got64 - want).abs().argmax().item()
+        raise AssertionError(f"{what}: element {bad} is {got64[bad].item()}, expected "
+                             f"{want[bad].item()}")
+
+
+def expect_error(fn, *needles):
+    try:
+        fn()
+    except RuntimeError as e:
+        msg = str(e)
+        for n in needles:
+            check(n in msg, f"error message lacks {n!r}: {msg}")
+        return msg
+    raise AssertionError(f"no RuntimeError (expected one naming {needles})")
+
+
+# ---------------------------------------------------------------- scenarios
+
+def scenario_ops(rank, size):
+    """Every operation and dtype against a reference computed here."""
+    for dtype in DTYPES:
+        ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (["AVG"] if dtype in FLOATS else [])
+        for op in ops:
+            for n in (0, 1, 5, 1000):
+                t = values(rank, n, op, dtype)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                check_close(t, reference(size, n, op, dtype), f"all_reduce {op} {dtype} n={n}", op)
+        n = 37
+        # broadcast from each root
+        for root in range(size):
+            t = values(rank, n, "SUM", dtype)
+            dist.broadcast(t, src=root)
+            check(torch.equal(t, values(root, n, "SUM", dtype)), f"broadcast {dtype} root {root}")
+        # all_gather into a list, and _all_gather_base into one tensor
+        outs = [torch.empty(n, dtype=dtype) for _ in range(size)]
+        dist.all_gather(outs, values(rank, n, "SUM", dtype))
+        for r in range(size):
+            check(torch.equal(outs[r], values(r, n, "SUM", dtype)), f"all_gather {dtype} slot {r}")
+        flat = torch.empty(size * n, dtype=dtype)
+        dist._all_gather_base(flat, values(rank, n, "SUM", dtype))
+        want = torch.cat([values(r, n, "SUM", dtype) for r in range(size)])
+        check(torch.equal(flat, want), f"_all_gather_base {dtype}")
+        # reduce_scatter (list) and _reduce_scatter_base (flat): rank r gets
+        # the sum of slot r; each rank's slot values are distinct per index.
+        full = [values(rank * size + j, n, "SUM", dtype) for j in range(size)]
+        out = torch.empty(n, dtype=dtype)
+        dist.reduce_scatter(out, full, op=dist.ReduceOp.SUM)
+        want = sum(values(r * size + rank, n, "SUM", dtype).to(torch.float64) for r in range(size))
+        check_close(out, want, f"reduce_scatter {dtype}")
+        out2 = torch.empty(n, dtype=dtype)
+        dist._reduce_scatter_base(out2, torch.cat(full), op=dist.ReduceOp.SUM)
+        check_close(out2, want, f"_reduce_scatter_base {dtype}")
+        # reduce to each root: only the root's tensor changes
+        for root in range(size):
+            t = values(rank, n, "MAX", dtype)
+            dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
+            if rank == root:
+                check_close(t, reference(size, n, "MAX", dtype), f"reduce {dtype} root {root}")
+            else:
+                check(torch.equal(t, values(rank, n, "MAX", dtype)), f"reduce changed rank {rank}")
+    # allreduce_coalesced: several tensors (one dtype), one collective
+    ts = [values(rank, k, "SUM", torch.float32).reshape(-1) for k in (3, 0, 17)]
+    ts[2] = ts[2].reshape(1, 17)
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.SUM)
+    for k, t in zip((3, 0, 17), ts):
+        check_close(t.reshape(-1), reference(size, k, "SUM", torch.float32),
+                    f"all_reduce_coalesced n={k}")
+    # broadcast and all_gather move any dtype as bytes (bool, int16, complex)
+    for dtype in (torch.bool, torch.int16, torch.complex64):
+        t = (torch.arange(11) * (rank + 1) % 2).to(dtype) if dtype == torch.bool else \
+            (torch.arange(11) + 100 * rank).to(dtype)
+        root_val = t.clone() if rank == size - 1 else None
+        dist.broadcast(t, src=size - 1)
+        if rank == size - 1:
+            check(torch.equal(t, root_val), f"broadcast {dtype} changed the root")
+        outs = [torch.empty(11, dtype=dtype) for _ in range(size)]
+        dist.all_gather(outs, t)
+        check(all(torch.equal(o, t) for o in outs), f"all_gather {dtype}")
+    # The object collectives ride on all_gather and broadcast of uint8/int64.
+    objs = [None] * size
+    dist.all_gather_object(objs, {"rank": rank, "pad": "x" * rank * 10})
+    check(objs == [{"rank": r, "pad": "x" * r * 10} for r in range(size)], f"objects: {objs}")
+    lst = [f"from {rank}", rank] if rank == 1 else [None, None]
+    dist.broadcast_object_list(lst, src=1)
+    check(lst == ["from 1", 1], f"broadcast_object_list: {lst}")
+    dist.barrier()
+    print("ops ok", flush=True)
+
+
+def scenario_layout(rank, size):
+    """Non-contiguous tensors are staged: results land in the caller's view,
+    and memory outside the view is untouched."""
+    base = torch.full((6, 8), -1.0)
+    view = base[:, ::2]  # 6 x 4, stride 2: not contiguous
+    view.copy_(values(rank, 24, "SUM", torch.float32).reshape(6, 4))
+    dist.all_reduce(view)
+    check_close(view.reshape(-1), reference(size, 24, "SUM", torch.float32), "strided all_reduce")
+    check(torch.equal(base[:, 1::2], torch.full((6, 4), -1.0)), "all_reduce wrote outside the view")
+    t = values(rank, 12, "SUM", torch.float64).reshape(3, 4).t()  # transposed
+    dist.broadcast(t, src=0)
+    check(torch.equal(t, values(0, 12, "SUM", torch.float64).reshape(3, 4).t()), "transposed bcast")
+    outs = [torch.zeros(4, 2).t() for _ in range(size)]  # non-contiguous outputs
+    dist.all_gather(outs, values(rank, 8, "SUM", torch.float32).reshape(2, 4))
+    for r in range(size):
+        check(torch.equal(outs[r], values(r, 8, "SUM", torch.float32).reshape(2, 4)),
+              f"all_gather into transposed slot {r}")
+    out = torch.zeros(size * 5, 2)[:, 0]  # strided output
+    dist._all_gather_base(out, values(rank, 5, "SUM", torch.float32))
+    want = torch.cat([values(r, 5, "SUM", torch.float32) for r in range(size)])
+    check(torch.equal(out, want), "_all_gather_base into a strided output")
+    red = torch.zeros(5, 3)[:, 1]
+    dist._reduce_scatter_base(red, torch.cat([values(rank * size + j, 5, "SUM", torch.float32)
+                                              for j in range(size)]))
+    want = sum(values(r * size + rank, 5, "SUM", torch.float32).to(torch.float64)
+               for r in range(size))
+    check_close(red, want, "_reduce_scatter_base into a strided output")
+    print("layout ok", flush=True)
+
+
+def scenario_async(rank, size):
+    """Work and future: wait, is_completed, result; a future callback that
+    issues a collective and waits on its future (as PowerSGD's hook does)."""
+    t = values(rank, 1000, "SUM", torch.float32)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    check(work.is_completed(), "is_completed after wait")
+    check_close(t, reference(size, 1000, "SUM", torch.float32), "async all_reduce")
+    second = values(rank, 64, "MAX", torch.float32)
+
+    def chained(fut):
+        first = fut.value()[0]
+        inner = dist.all_reduce(second, op=dist.ReduceOp.MAX, async_op=True)
+        return inner.get_future().wait()[0] + first.sum()
+
+    t2 = values(rank, 1000, "SUM", torch.float32)
+    fut = dist.all_reduce(t2, async_op=True).get_future().then(chained)
+    got = fut.wait()
+    want = reference(size, 64, "MAX", torch.float32) + reference(size, 1000, "SUM",
+                                                                 torch.float32).sum()
+    check_close(got, want, "collective issued from a future callback")
+    # Many in flight at once, completed in order.
+    ts = [values(rank + k, 100 + k, "SUM", torch.float32) for k in range(20)]
+    works = [dist.all_reduce(x, async_op=True) for x in ts]
+    futs = [w.get_future() for w in works]
+    for k, f in enumerate(futs):
+        vals = f.wait()
+        check(len(vals) == 1 and vals[0] is not None, "future value is the tensor list")
+        want = sum(values(r + k, 100 + k, "SUM", torch.float32).to(torch.float64)
+                   for r in range(size))
+        check_close(ts[k], want, f"in-flight all_reduce {k}")
+    dist.barrier(async_op=True).wait()
+    print("async ok", flush=True)
+
+
+def scenario_refusals(rank, size):
+    """What the backend refuses raises RuntimeError naming it, and the group
+    stays usable (the refusal happens before anything reaches shmring)."""
+    t = torch.ones(4)
+    for op in ("BAND", "BOR", "BXOR"):
+        expect_error(lambda: dist.all_reduce(t.int(), op=getattr(dist.ReduceOp, op)), op)
+    if hasattr(dist, "_make_nccl_premul_sum"):
+        expect_error(lambda: dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0)), "PREMUL_SUM")
+    expect_error(lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), "int16", "allreduce")
+    expect_error(lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), "allreduce")
+    pg = dist.distributed_c10d._get_default_group()
+    expect_error(lambda: pg.allreduce([torch.ones(2), torch.ones(2)]), "exactly one")
+    expect_error(lambda: dist.all_reduce(torch.ones(2).to_sparse()), "allreduce")
+    expect_error(lambda: dist.gather(t, [torch.empty(4) for _ in range(size)] if rank == 0
+                                     else None, dst=0), "does not support gather")
+    expect_error(lambda: dist.scatter(t, [torch.empty(4) for _ in range(size)] if rank == 0
+                                      else None, src=0), "does not support scatter")
+    expect_error(lambda: dist.all_to_all_single(torch.empty(size), torch.ones(size)),
+                 "does not support all_to_all_single")
+    expect_error(lambda: dist.all_to_all([torch.empty(1) for _ in range(size)],
+                                         [torch.ones(1) for _ in range(size)]),
+                 "does not support all_to_all")
+    if rank == 0:
+        expect_error(lambda: dist.send(t, dst=1), "does not support send")
+    else:
+        expect_error(lambda: dist.recv(t, src=0), "does not support recv")
+    expect_error(lambda: dist.all_gather([torch.empty(4)], t), "group size")
+    expect_error(lambda: dist.broadcast(t, src=size), "root")
+    # Still usable after all that.
+    x = values(rank, 10, "SUM", torch.float32)
+    dist.all_reduce(x)
+    check_close(x, reference(size, 10, "SUM", torch.float32), "all_reduce after refusals")
+    print("refusals ok", flush=True)
+
+
+def scenario_ops_all(rank, size):
+    scenario_ops(rank, size)
+    scenario_layout(rank, size)
+    scenario_async(rank, size)
+    scenario_refusals(rank, size)
+
+
+def scenario_mismatch(rank, size):
+    """Ranks disagree on the count: shmring's mismatch error on every rank,
+    then the group refuses later operations."""
+    t = torch.ones(10 + rank)
+    msg = expect_error(lambda: dist.all_reduce(t))
+    print("first error:", msg, flush=True)
+    msg2 = expect_error(lambda: dist.all_reduce(torch.ones(4)))
+    check("unusable" in msg2 or "abort" in msg2.lower() or "mismatch" in msg2.lower(),
+          f"later operation: {msg2}")
+    print("mismatch ok", flush=True)
+
+
+def scenario_timeouts(rank, size):
+    """Work.wait(timeout) gives up without breaking the group; a peer that
+    never comes gives shmring's timeout error (SHMRING_TIMEOUT=3) on every
+    rank."""
+    t = torch.ones(100)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        expect_error(lambda: work.wait(timeout=datetime.timedelta(milliseconds=200)),
+                     "did not complete within")
+        work.wait()  # rank 1 arrives after 1.5 s
+        check(torch.equal(t, torch.full((100,), 2.0)), "all_reduce after a wait timeout")
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.all_reduce(t), "timed out")
+        check(time.monotonic() - t0 < 30, "timeout took too long")
+        print("rank 0 timed out:", msg, flush=True)
+    else:
+        time.sleep(1.5)
+        dist.all_reduce(t)
+        time.sleep(6)  # rank 0 waits for us past SHMRING_TIMEOUT
+        msg = expect_error(lambda: dist.all_reduce(t))
+        print("rank 1 refused:", msg, flush=True)
+    expect_error(lambda: dist.all_reduce(torch.ones(3)))
+    print("timeouts ok", flush=True)
+
+
+def scenario_peer_death(rank, size):
+    """Rank 1 is SIGKILLed mid-training; the others get RuntimeError with
+    shmring's message (naming rank 1) quickly, and later operations fail."""
+    t = torch.ones(1 << 16)
+    for step in range(3):
+        dist.all_reduce(t)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    msg = None
+    try:
+        for _ in range(1000):
+            dist.all_reduce(t)
+    except RuntimeError as e:
+        msg = str(e)
+    elapsed = time.monotonic() - t0
+    check(msg is not None, "no error after the peer died")
+    print(f"error after {elapsed:.2f} s: {msg}", flush=True)
+    check("rank 1" in msg and "died" in msg, f"message does not name the dead rank: {msg}")
+    check(elapsed < 30, f"error took {elapsed:.1f} s")
+    expect_error(lambda: dist.all_reduce(torch.ones(3)))
+    print("peer_death ok", flush=True)
+    # The dead peer's group cannot be torn down collectively: leave at once.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def scenario_new_group(rank, size):
+    """Subgroups are communicators of their own, with their own job ids."""
+    world = dist.distributed_c10d._get_default_group()
+    even = dist.new_group([0, 2])
+    tail = dist.new_group([1, 2])
+    if rank in (0, 2):
+        report_job(even)
+        check(even.size() == 2 and even.job_id != world.job_id, "even group")
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t, group=even)
+        check(torch.equal(t, torch.full((5,), 4.0)), f"even group all_reduce: {t}")
+    if rank in (1, 2):
+        report_job(tail)
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t, group=tail)
+        check(torch.equal(t, torch.full((5,), 5.0)), f"tail group all_reduce: {t}")
+        t = torch.arange(3.0) + rank
+        dist.broadcast(t, src=2, group=tail)  # global rank 2 = group rank 1
+        check(torch.equal(t, torch.arange(3.0) + 2), "tail group broadcast")
+    # A group destroyed with a collective still in flight completes it first.
+    if rank in (0, 2):
+        pending = torch.ones(1 << 16)
+        work = dist.all_reduce(pending, group=even, async_op=True)
+        dist.destroy_process_group(even)
+        work.wait()
+        check(torch.equal(pending, torch.full((1 << 16,), 2.0)), "in flight at destroy")
+    t = torch.full((5,), float(rank + 1))
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full((5,), 6.0)), "world all_reduce after the groups")
+    print("new_group ok", flush=True)
+
+
+def scenario_job(rank, size):
+    """One allreduce whose value names this job (JOB_VALUE): two jobs on one
+    host with the same launcher ids must each see only their own ranks."""
+    base = float(os.environ["JOB_VALUE"])
+    t = torch.full((1000,), base * (rank + 1))
+    for _ in range(20):
+        x = t.clone()
+        dist.all_reduce(x)
+        check(torch.equal(x, torch.full((1000,), base * size * (size + 1) / 2)),
+              f"job {base}: got {x[0].item()}")
+    print("job ok", flush=True)
+
+
+def scenario_smoke(rank, size):
+    check(dist.get_rank() == rank and dist.get_world_size() == size, "rank and size")
+    check(dist.get_backend() == "shmring", f"backend is {dist.get_backend()}")
+    t = torch.full((100,), float(rank))
+    dist.all_reduce(t)
+    check(torch.equal(t, torch.full((100,), float(sum(range(size))))), "smoke all_reduce")
+    print("smoke ok", flush=True)
+
+
+# -------------------------------------------------------------------- DDP
+
+def ddp_models():
+    """(name, builder, DDP kwargs, hook). Small models: the point is the
+    backend's behaviour under DDP, not the training."""
+    import torch.nn as nn
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    def mlp():
+        return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(),
+                             nn.Linear(16, 4))
+
+    class Unused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = mlp()
+            self.unused = nn.Linear(20, 4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    def bn():
+        return nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4))
+
+    def powersgd(pg):
+        state = psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=1,
+                                   start_powerSGD_iter=2, random_seed=0)
+        return state, psgd.powerSGD_hook
+
+    return [
+        ("plain", mlp, {}, None),
+        ("small_buckets", mlp, {"bucket_cap_mb": 0.001}, None),
+        ("bucket_view", mlp, {"gradient_as_bucket_view": True, "static_graph": True}, None),
+        ("allreduce_hook", mlp, {}, lambda pg: (pg, default_hooks.allreduce_hook)),
+        ("fp16_hook", mlp, {}, lambda pg: (pg, default_hooks.fp16_compress_hook)),
+        ("powersgd", mlp, {}, powersgd),
+        ("unused", Unused, {"find_unused_parameters": True}, None),
+        ("batchnorm", bn, {}, None),
+    ]
+
+
+def scenario_ddp(rank, size, outdir, steps=4):
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.set_num_threads(1)
+    for name, build, kwargs, hook in ddp_models():
+        torch.manual_seed(100 + rank)  # ranks start apart: DDP's broadcast must fix that
+        model = DDP(build(), **kwargs)
+        if hook is not None:
+            state, fn = hook(None)
+            model.register_comm_hook(state, fn)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1000 * rank + 7)
+        for step in range(steps):
+            x = torch.randn(8, 20, generator=gen)
+            y = torch.randint(0, 4, (8,), generator=gen)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        state = {"params": [p.detach().clone() for p in model.parameters()],
+                 "buffers": [b.detach().clone().double() for b in model.buffers()]}
+        torch.save(state, os.path.join(outdir, f"{name}_rank{rank}.pt"))
+        print(f"ddp {name} done", flush=True)
+    print("ddp ok", flush=True)
+
+
+def main():
+    scenario, rank, size, init_method, outdir = sys.argv[1:6]
+    backend = sys.argv[6] if len(sys.argv) > 6 else "shmring"
+    rank, size = int(rank), int(size)
+    if init_method == "env":
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    init(backend, init_method, rank, size)
+    if scenario == "ddp":
+        scenario_ddp(rank, size, outdir)
+    else:
+        globals()["scenario_" + scenario](rank, size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
