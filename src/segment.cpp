@@ -215,12 +215,6 @@ Segment::~Segment() {
   // Unmapping and closing (in ~Mapping) release the liveness lock.
 }
 
-void Segment::unlink_name() {
-  if (unlinked_) return;
-  unlinked_ = true;
-  ::shm_unlink(name_.c_str());
-}
-
 bool Segment::rank_alive(int r) const {
   return lock_held(fd_, r);
 }
@@ -274,6 +268,19 @@ bool unlink_if_same(const std::string& name, int fd) {
   if (a.st_dev != b.st_dev || a.st_ino != b.st_ino) return false;
   return shm_unlink(name.c_str()) == 0;
 }
+
+}  // namespace
+
+void Segment::unlink_name() {
+  if (unlinked_) return;
+  unlinked_ = true;
+  // Only while the name is still ours: after an abort, another job (or a
+  // fresh attempt of this one) may have its own segment under the name by
+  // now, and removing it would leave its ranks waiting for the timeout.
+  unlink_if_same(name_, fd_);
+}
+
+namespace {
 
 std::int64_t realtime_ns(clockid_t clock = CLOCK_REALTIME) {
   struct timespec ts {};
