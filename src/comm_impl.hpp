@@ -120,6 +120,14 @@ struct Communicator::Impl {
   /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
   /// a payload too big for the direct buffers always goes by ring).
   Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes) const;
+  /// Throws InvalidArgumentError in a process forked (without exec) from the
+  /// one that attached: only that process may use the rank.
+  void check_owner() const;
+  /// "rank R: communicator is unusable after an earlier error: <first error>".
+  std::string unusable_message() const;
+  /// Throws the job's recorded error: as itself if it is this rank's first
+  /// error, else as AbortedError(unusable_message()). Marks the communicator broken.
+  [[noreturn]] void rethrow_abort(const detail::AbortInfo& a);
   /// Starts a collective: refuses a broken communicator, writes our
   /// descriptor into its ring entry. The ring path announces at once; the
   /// direct path after writing its data.

@@ -68,10 +68,7 @@ std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
 
 void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_point deadline,
                                         const detail::Counter& counter, std::uint64_t target) {
-  if (auto a = detail::read_abort(seg->header())) {
-    broken = a->reason;
-    throw_error(static_cast<ErrorCode>(a->code), a->reason);
-  }
+  if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   std::string where = current
                           ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
                                         step < 0 ? ", at its start, step 0: before any data moved"
@@ -193,14 +190,38 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   return Algorithm::direct;
 }
 
+std::string Communicator::Impl::unusable_message() const {
+  return fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank,
+                     broken.value_or("unknown"));
+}
+
+void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
+  // A rank's first error carries the job's first error (its class and its
+  // words); every later one reads "unusable after an earlier error" on every
+  // rank alike, whichever error this rank saw first.
+  // This rank's own InvalidArgumentError was its first error when the job's
+  // is the mismatch its peers found in that rejected call.
+  const bool blames_my_call =
+      a.code == static_cast<std::uint32_t>(ErrorCode::mismatch) &&
+      a.reason.find(fmt::format("rank {} made an invalid call", rank)) != std::string::npos;
+  const bool follow_up = broken.has_value() || blames_my_call;
+  broken = a.reason;
+  if (follow_up) throw AbortedError(unusable_message());
+  throw_error(static_cast<ErrorCode>(a.code), a.reason);
+}
+
+void Communicator::Impl::check_owner() const {
+  if (!seg->forked_away()) return;
+  throw InvalidArgumentError(fmt::format(
+      "rank {} (forked child pid {}): this communicator belongs to process {} (rank {}); a forked "
+      "child must create its own",
+      rank, getpid(), seg->owner_pid(), rank));
+}
+
 void Communicator::Impl::begin(const CollectiveDesc& d) {
-  if (broken)
-    throw AbortedError(
-        fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank, *broken));
-  if (auto a = detail::read_abort(seg->header())) {
-    broken = a->reason;
-    throw_error(static_cast<ErrorCode>(a->code), a->reason);
-  }
+  check_owner();
+  if (broken) throw AbortedError(unusable_message());
+  if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
   left_checked = false;
@@ -265,6 +286,12 @@ void Communicator::Impl::check_descriptor(int peer) {
               theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
               theirs.root == mine.root && (!has_op || theirs.op == mine.op);
   if (same && theirs.algorithm == mine.algorithm) return;
+  if (!torn && seq == collectives + 1 && theirs.kind == CollectiveKind::invalid) {
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
+        "(it rejected its arguments; its InvalidArgumentError says why)",
+        rank, collectives, describe(mine), peer)));
+  }
   if (same) {
     fail(MismatchError(fmt::format(
         "rank {}: collective #{} {} runs the {} algorithm here but the {} algorithm on rank {}: "
@@ -276,10 +303,10 @@ void Communicator::Impl::check_descriptor(int peer) {
                                ? std::string("a different collective")
                                : fmt::format("collective #{} {}", seq - 1, describe(theirs));
   fail(MismatchError(fmt::format(
-      "collective mismatch: rank {} called collective #{} {} but rank {} called {}; every rank "
-      "must call the same collectives in the same order with the same count, datatype, "
-      "operator and root",
-      rank, collectives, describe(mine), peer, their_call)));
+      "rank {}: collective mismatch: rank {} called collective #{} {} but rank {} called {}; "
+      "every rank must call the same collectives in the same order with the same count, "
+      "datatype, operator and root",
+      rank, rank, collectives, describe(mine), peer, their_call)));
 }
 
 void Communicator::Impl::end() {
@@ -293,11 +320,11 @@ void Communicator::Impl::end() {
 void Communicator::Impl::fail(const Error& e) {
   bool won = detail::raise_abort(*seg, size, static_cast<std::uint32_t>(e.code()), rank, e.what());
   auto a = detail::read_abort(seg->header());
-  broken = a ? a->reason : std::string(e.what());
   if (!won && a) {
     SHMRING_LOG(debug, "also saw: {}", e.what());
-    throw_error(static_cast<ErrorCode>(a->code), a->reason);
+    rethrow_abort(*a);
   }
+  broken = a ? a->reason : std::string(e.what());
   throw_error(e.code(), e.what(), e.sys_errno());
 }
 
@@ -418,6 +445,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.direct_bytes = cfg.direct_bytes;
   req.host_hash = host;
   req.deadline = c.deadline();
+  req.job_id = cfg.job_id;
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
@@ -445,7 +473,12 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
       cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
-Communicator::~Communicator() = default;  // Impl::~Impl drains and joins the engine
+Communicator::~Communicator() {
+  // In a child forked from this rank, the reduction threads are the parent's
+  // (they do not exist here): leave the arena alone rather than join them.
+  // Impl::~Impl does the same for the progress thread (engine.cpp).
+  if (impl_ && impl_->seg && impl_->seg->forked_away()) (void)impl_->arena.release();
+}
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 
@@ -470,8 +503,9 @@ std::uint64_t Communicator::collective_count() const noexcept {
 
 void Communicator::abort(const std::string& reason) {
   Impl& c = *impl_;
+  c.check_owner();
   detail::raise_abort(*c.seg, c.size, static_cast<std::uint32_t>(ErrorCode::aborted), c.rank,
-                      fmt::format("rank {} aborted the job: {}", c.rank, reason));
+                      fmt::format("rank {}: aborted the job: {}", c.rank, reason));
   // This thread's (or another's) next wait or call sees the abort word;
   // `broken` is only written by the thread running collectives.
 }
@@ -538,9 +572,8 @@ void check_disjoint(const Communicator::Impl& c, const char* what, const void* a
 }  // namespace
 
 void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
-  if (broken)
-    throw AbortedError(
-        fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank, *broken));
+  check_owner();
+  if (broken) throw AbortedError(unusable_message());
   publish_rejected();
   throw e;
 }

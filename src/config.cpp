@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "layout.hpp"
 #include "log.hpp"
@@ -101,16 +103,55 @@ struct RankEnv {
   const char* launcher;
 };
 
-// In order of preference: our own launcher, torchrun, Open MPI, Slurm.
+// Innermost launcher first. A launcher may run inside another (torchrun or
+// shmrun inside an srun or mpirun task, mpirun inside a Slurm allocation):
+// its processes inherit the outer launcher's variables, which describe the
+// task that started the inner launcher, not them. So the first set present
+// wins, and each other set must fit around it (see check_outer).
 constexpr RankEnv kLaunchers[] = {
     {"SHMRING_RANK", "SHMRING_WORLD_SIZE", "SHMRING_LOCAL_RANK", "SHMRING_LOCAL_WORLD_SIZE",
      "shmrun"},
     {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "torchrun"},
     {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI"},
+    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPICH/Hydra"},
     // SLURM_TASKS_PER_NODE reads like "4(x2)": no plain local size from Slurm.
     {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "Slurm"},
 };
+
+struct FoundRanks {
+  const RankEnv* env;
+  long long rank, size;
+  std::string describe() const {
+    return fmt::format("{}'s {}={} {}={}", env->launcher, env->rank, rank, env->size, size);
+  }
+};
+
+// An outer launcher's set fits around the inner one when every outer task
+// may have started a launcher of one or more inner processes: then the inner
+// world is at least as large, and when both are the same size (one inner
+// process per outer task) the ranks agree. Slurm's variables are exempt: a
+// whole allocation inherits them, mpirun's processes in a batch script too.
+bool fits_around(const FoundRanks& inner, const FoundRanks& outer) {
+  if (std::string(outer.env->launcher) == "Slurm") return true;
+  if (outer.size > inner.size) return false;
+  return outer.size != inner.size || outer.rank == inner.rank;
+}
+
+// Start time of process `pid` in clock ticks since boot (/proc/PID/stat
+// field 22); 0 if unreadable. With the pid, it names a process for good.
+std::string process_start(int pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(f, stat);
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return "0";
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+  }
+  return field;
+}
 
 std::optional<std::string> launcher_job_id(const std::string& launcher) {
   if (auto id = env_string("SHMRING_JOB_ID")) return id;
@@ -122,6 +163,13 @@ std::optional<std::string> launcher_job_id(const std::string& launcher) {
   } else if (launcher == "Open MPI") {
     if (auto id = env_string("OMPI_MCA_orte_ess_jobid")) return derived_job_id("ompi-" + *id);
     if (auto id = env_string("PMIX_NAMESPACE")) return derived_job_id("ompi-" + *id);
+  } else if (launcher == "MPICH/Hydra") {
+    if (auto id = env_string("PMI_KVSNAME")) return derived_job_id("mpich-" + *id);
+    if (auto id = env_string("PMIX_NAMESPACE")) return derived_job_id("mpich-" + *id);
+    // Hydra starts a job's ranks of one host from one proxy process: its
+    // pid and start time name the job on this host.
+    const int proxy = static_cast<int>(getppid());
+    return derived_job_id(fmt::format("mpich-{}-{}", proxy, process_start(proxy)));
   } else if (launcher == "Slurm") {
     auto job = env_string("SLURM_JOB_ID");
     auto step = env_string("SLURM_STEP_ID");
@@ -164,8 +212,27 @@ void apply_placement(Config& c, int my_cpus, int job_cpus) {
     c.threads = std::max(1, std::min(my_cpus, c.job_cpus / std::max(1, c.local_world_size)));
 }
 
+namespace {
+Config resolve_config_impl(const Options& o, Config& c);
+}  // namespace
+
 Config resolve_config(const Options& o) {
+  // Every message starts with the rank that raises it; before the rank is
+  // known, with the process id.
   Config c;
+  c.rank = -1;
+  try {
+    return resolve_config_impl(o, c);
+  } catch (const InvalidArgumentError& e) {
+    std::string m = e.what();
+    if (m.rfind("rank ", 0) == 0) throw;
+    throw InvalidArgumentError(c.rank >= 0 ? fmt::format("rank {}: {}", c.rank, m)
+                                           : fmt::format("rank unknown (pid {}): {}", getpid(), m));
+  }
+}
+
+namespace {
+Config resolve_config_impl(const Options& o, Config& c) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
   if (o.rank >= 0 || o.world_size >= 0) {
@@ -178,23 +245,38 @@ Config resolve_config(const Options& o) {
     c.rank = o.rank;
     c.world_size = o.world_size;
   } else {
-    bool found = false;
+    std::vector<FoundRanks> found;
     for (const auto& l : kLaunchers) {
       if (!env_string(l.rank) && !env_string(l.size)) continue;
       auto size = env_int(l.size, 1, kMaxRanks);
-      if (!size) throw InvalidArgumentError(fmt::format("{} is set but {} is not", l.rank, l.size));
+      if (!size)
+        throw InvalidArgumentError(
+            fmt::format("{} ({}) is set but {} is not", l.rank, l.launcher, l.size));
       auto rank = env_int(l.rank, 0, *size - 1);
-      if (!rank) throw InvalidArgumentError(fmt::format("{} is set but {} is not", l.size, l.rank));
-      c.rank = static_cast<int>(*rank);
-      c.world_size = static_cast<int>(*size);
-      c.local_rank = static_cast<int>(env_int(l.local_rank, 0, *size - 1).value_or(*rank));
-      c.local_world_size = static_cast<int>(
-          (l.local_size ? env_int(l.local_size, 1, *size) : std::nullopt).value_or(*size));
-      launcher = l.launcher;
-      found = true;
-      break;
+      if (!rank)
+        throw InvalidArgumentError(
+            fmt::format("{} ({}) is set but {} is not", l.size, l.launcher, l.rank));
+      found.push_back({&l, *rank, *size});
     }
-    if (!found)
+    if (!found.empty()) {
+      const FoundRanks& use = found.front();
+      for (std::size_t i = 1; i < found.size(); ++i)
+        if (!fits_around(use, found[i]))
+          throw InvalidArgumentError(fmt::format(
+              "rank {}: the launchers' variables disagree: {} but {}; they cannot describe one "
+              "job (the first set is used, so the other is left over, e.g. exported for a "
+              "whole container): unset the variables of the launcher not in use, or set "
+              "SHMRING_RANK and SHMRING_WORLD_SIZE",
+              use.rank, use.describe(), found[i].describe()));
+      const RankEnv& l = *use.env;
+      c.rank = static_cast<int>(use.rank);
+      c.world_size = static_cast<int>(use.size);
+      c.local_rank = static_cast<int>(env_int(l.local_rank, 0, use.size - 1).value_or(use.rank));
+      c.local_world_size = static_cast<int>(
+          (l.local_size ? env_int(l.local_size, 1, use.size) : std::nullopt).value_or(use.size));
+      launcher = l.launcher;
+    }
+    if (found.empty())
       throw InvalidArgumentError(
           "no rank and world size: run under shmrun (shmrun -n N -- prog), torchrun, mpirun or "
           "srun, or set SHMRING_RANK and SHMRING_WORLD_SIZE (and SHMRING_JOB_ID), or pass them "
@@ -279,6 +361,7 @@ Config resolve_config(const Options& o) {
   if (auto m = env_int("SHMRING_MIGRATE", 0, 1)) c.migrate = *m != 0;
   return c;
 }
+}  // namespace
 
 }  // namespace shmring::detail
 

@@ -111,6 +111,9 @@ struct alignas(kLine) Header {
   std::uint64_t job_nonce;
   std::uint64_t host_hash;
   std::int32_t creator_pid;
+  // 1 when job_nonce is the launcher's (SHMRING_JOB_NONCE, the same on every
+  // rank, so an attacher can tell another job's segment from its own); 0
+  // when rank 0 made it up.
   std::uint32_t reserved;
   // CLOCK_REALTIME_COARSE when rank 0 created the file, in ns; informative
   // (the attach path uses the file's ctime, which exists before the header).

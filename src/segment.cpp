@@ -3,32 +3,45 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "config.hpp"
 #include "log.hpp"
 #include "shmring/error.hpp"
 #include "wait.hpp"
 
-namespace bip = boost::interprocess;
-
 namespace shmring::detail {
 
+// The segment's descriptor and its one mapping. Plain POSIX rather than
+// Boost.Interprocess: rank 0 creates the file unnamed (O_TMPFILE) and names it
+// only once it is locked and ready, and the mapping is marked MADV_DONTFORK;
+// neither fits bip's objects.
 struct Segment::Mapping {
-  bip::shared_memory_object shm;
-  bip::mapped_region region;
+  int fd = -1;
+  void* addr = nullptr;
+  std::size_t len = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr != nullptr) ::munmap(addr, len);
+    if (fd >= 0) ::close(fd);
+  }
 };
 
 namespace {
@@ -57,10 +70,6 @@ bool lock_held(int fd, int r) {
   return fl.l_type != F_UNLCK;
 }
 
-int handle_of(const bip::shared_memory_object& shm) {
-  return static_cast<int>(shm.get_mapping_handle().handle);
-}
-
 std::uint64_t file_size(int fd) {
   struct stat st {};
   if (fstat(fd, &st) != 0) return 0;
@@ -80,11 +89,69 @@ void sleep_backoff(int& iteration) {
   ++iteration;
 }
 
-[[noreturn]] void throw_from_header(const Header& h, int rank) {
-  auto a = read_abort(h);
-  if (a) throw_error(static_cast<ErrorCode>(a->code), a->reason);
-  throw InternalError(fmt::format("rank {}: segment failed without a reason", rank));
+// ---- Fork without exec. ----
+// A child forked from a rank inherits its descriptor, and with it the
+// open-file-description lock that says "rank r is alive": the rank would
+// look alive for as long as the child lives. The child therefore closes every
+// segment descriptor right after fork (the parent still holds the open file
+// description, so its lock stays), does not inherit the mapping at all
+// (MADV_DONTFORK: a mapping also pins the open file description), and
+// every communicator checks the fork generation before it touches anything.
+std::atomic<std::uint64_t> g_fork_generation{0};
+std::mutex g_fork_mutex;
+std::vector<int>& fork_fds() {
+  static auto* fds = new std::vector<int>();  // never destroyed: atfork may run late
+  return *fds;
 }
+void fork_prepare() {
+  g_fork_mutex.lock();
+}
+void fork_parent() {
+  g_fork_mutex.unlock();
+}
+void fork_child() {
+  for (int fd : fork_fds()) ::close(fd);
+  fork_fds().clear();
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_fork_mutex.unlock();
+}
+void track_fd(int fd) {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
+  std::lock_guard<std::mutex> lock(g_fork_mutex);
+  fork_fds().push_back(fd);
+}
+void untrack_fd(int fd) {
+  std::lock_guard<std::mutex> lock(g_fork_mutex);
+  auto& v = fork_fds();
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (*it == fd) {
+      v.erase(it);
+      return;
+    }
+}
+
+// A read-only (or read-write) mapping of a segment's header page, unmapped
+// when it goes out of scope.
+class HeaderView {
+ public:
+  HeaderView(int fd, bool writable) {
+    if (file_size(fd) < kHeaderBytes) return;
+    void* p = ::mmap(nullptr, kHeaderBytes, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                     MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) addr_ = p;
+  }
+  ~HeaderView() {
+    if (addr_ != nullptr) ::munmap(addr_, kHeaderBytes);
+  }
+  HeaderView(const HeaderView&) = delete;
+  HeaderView& operator=(const HeaderView&) = delete;
+  Header* get() const { return static_cast<Header*>(addr_); }
+  const std::byte* bytes() const { return static_cast<const std::byte*>(addr_); }
+
+ private:
+  void* addr_ = nullptr;
+};
 
 }  // namespace
 
@@ -126,18 +193,26 @@ std::optional<AbortInfo> read_abort(const Header& h) {
   return a;
 }
 
-Segment::~Segment() {
-  if (fd_ >= 0 && header_ != nullptr && rank_ >= 0 && rank_ < world_size_ && base_ != nullptr &&
-      layout_.total_bytes > kHeaderBytes) {
-    rank_area(rank_).info.state.store(kRankFinalized, std::memory_order_release);
-  }
-  // Unmapping and closing (in ~Mapping) release the liveness lock.
+bool Segment::forked_away() const noexcept {
+  return g_fork_generation.load(std::memory_order_relaxed) != fork_generation_;
 }
 
-void Segment::unlink_name() {
-  if (unlinked_) return;
-  unlinked_ = true;
-  bip::shared_memory_object::remove(name_.c_str());
+Segment::~Segment() {
+  if (forked_away()) {
+    // A forked child: the descriptor was closed at fork and the mapping was
+    // never inherited. It must not speak for the rank ("finalized"), and the
+    // descriptor number may name another file by now: touch nothing.
+    map_->fd = -1;
+    map_->addr = nullptr;
+    return;
+  }
+  // Only a rank that registered speaks for its slot: one that lost a
+  // duplicate-rank race must not mark the holder's slot "finalized".
+  if (registered_ && header_ != nullptr && base_ != nullptr) {
+    rank_area(rank_).info.state.store(kRankFinalized, std::memory_order_release);
+  }
+  if (map_ && map_->fd >= 0) untrack_fd(map_->fd);
+  // Unmapping and closing (in ~Mapping) release the liveness lock.
 }
 
 bool Segment::rank_alive(int r) const {
@@ -194,6 +269,19 @@ bool unlink_if_same(const std::string& name, int fd) {
   return shm_unlink(name.c_str()) == 0;
 }
 
+}  // namespace
+
+void Segment::unlink_name() {
+  if (unlinked_) return;
+  unlinked_ = true;
+  // Only while the name is still ours: after an abort, another job (or a
+  // fresh attempt of this one) may have its own segment under the name by
+  // now, and removing it would leave its ranks waiting for the timeout.
+  unlink_if_same(name_, fd_);
+}
+
+namespace {
+
 std::int64_t realtime_ns(clockid_t clock = CLOCK_REALTIME) {
   struct timespec ts {};
   clock_gettime(clock, &ts);
@@ -232,16 +320,11 @@ void publish_cpus(RankInfo& info) {
 // The creator pid recorded in a segment's header; 0 when there is no header
 // of ours to read it from (a file cut short or of another layout: its bytes
 // at that offset would be noise, not a pid).
-int creator_pid_of(const bip::shared_memory_object& shm, int fd) {
-  if (file_size(fd) < kHeaderBytes) return 0;
-  try {
-    bip::mapped_region hr(shm, bip::read_only, 0, kHeaderBytes);
-    const auto* base = static_cast<const std::byte*>(hr.get_address());
-    if (read_field<std::uint64_t>(base, offsetof(Header, magic)) != kMagic) return 0;
-    return read_field<std::int32_t>(base, offsetof(Header, creator_pid));
-  } catch (const bip::interprocess_exception&) {
-    return 0;
-  }
+int creator_pid_of(int fd) {
+  HeaderView hv(fd, false);
+  if (hv.get() == nullptr) return 0;
+  if (read_field<std::uint64_t>(hv.bytes(), offsetof(Header, magic)) != kMagic) return 0;
+  return read_field<std::int32_t>(hv.bytes(), offsetof(Header, creator_pid));
 }
 
 std::string pid_text(int pid) {
@@ -251,14 +334,97 @@ std::string pid_text(int pid) {
 // Writes `msg` as the job's abort reason if none is recorded yet, so that the
 // ranks already attached fail now rather than at their timeout. Only for a
 // header whose magic and version we checked (the abort fields' offsets).
-void record_abort(Header& h, ErrorCode code, int rank, const std::string& msg) {
+// Returns the job's first error (ours if we won).
+AbortInfo record_abort(Header& h, ErrorCode code, int rank, const std::string& msg) {
   std::uint32_t expected = kAbortNone;
-  if (!h.abort_code.compare_exchange_strong(expected, kAbortClaimed)) return;
-  std::size_t n = std::min(msg.size(), kReasonBytes - 1);
-  std::memcpy(h.abort_reason, msg.data(), n);
-  h.abort_reason[n] = '\0';
-  h.abort_rank.store(rank);
-  h.abort_code.store(static_cast<std::uint32_t>(code), std::memory_order_release);
+  if (h.abort_code.compare_exchange_strong(expected, kAbortClaimed)) {
+    std::size_t n = std::min(msg.size(), kReasonBytes - 1);
+    std::memcpy(h.abort_reason, msg.data(), n);
+    h.abort_reason[n] = '\0';
+    h.abort_rank.store(rank);
+    h.abort_code.store(static_cast<std::uint32_t>(code), std::memory_order_release);
+    // Wake a creator asleep on the attach count (it polls, but cheaply).
+    h.attach_gen.fetch_add(1, std::memory_order_release);
+  }
+  auto a = read_abort(h);
+  return a ? *a : AbortInfo{static_cast<std::uint32_t>(code), rank, msg};
+}
+
+// Header word `nonce_source`: where the job nonce came from.
+constexpr std::uint32_t kNonceRandom = 0;    // rank 0 made it up: nothing to compare
+constexpr std::uint32_t kNonceLauncher = 1;  // SHMRING_JOB_NONCE, the same on every rank
+
+// The launcher's job nonce (shmrun sets SHMRING_JOB_NONCE, 1 to 16 hex
+// digits, fresh per job); 0 when there is none.
+std::uint64_t launcher_nonce(int rank) {
+  auto s = env_string("SHMRING_JOB_NONCE");
+  if (!s) return 0;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s->c_str(), &end, 16);
+  if (errno != 0 || end == s->c_str() || *end != '\0' || s->size() > 16 || v == 0)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: SHMRING_JOB_NONCE='{}': expected 1 to 16 hex digits, not all zero (shmrun "
+        "sets it)",
+        rank, *s));
+  return v;
+}
+
+// What the owner of a live segment of our name is to us, and what to say.
+struct Identity {
+  std::string job_id;
+  int rank;
+  int world_size;
+  std::uint64_t nonce;  // 0: none
+};
+
+// Whether the segment in `h` was made by another job (the launchers' nonces
+// differ, or only one of the two has one) — or cannot be told apart (no nonce
+// on either side): then the message names both possibilities.
+enum class Collision { other_job, same_job, unknown };
+Collision classify(const Header& h, const Identity& me) {
+  const bool theirs = h.reserved == kNonceLauncher;
+  if (me.nonce == 0 && !theirs) return Collision::unknown;
+  if (me.nonce != 0 && theirs && h.job_nonce == me.nonce) return Collision::same_job;
+  return Collision::other_job;
+}
+
+std::string two_jobs_message(const Identity& me, const std::string& name, int their_pid) {
+  return fmt::format(
+      "rank {}: two jobs share job id '{}' on this host: shared memory segment '{}' belongs to "
+      "another job (its rank 0 is {}; this process is pid {}, rank {} of {}); give each job a "
+      "job id of its own (SHMRING_JOB_ID, shmrun --job-id), or let shmrun choose one",
+      me.rank, me.job_id, name, pid_text(their_pid), getpid(), me.rank, me.world_size);
+}
+
+std::string duplicate_rank_message(const Identity& me, const std::string& name, int holder,
+                                   Collision kind) {
+  return fmt::format(
+      "rank {}: two processes claim rank {} of job '{}': {} already holds it and pid {} claims "
+      "it too (segment '{}'); {}",
+      me.rank, me.rank, me.job_id, pid_text(holder), getpid(), name,
+      kind == Collision::same_job
+          ? "the launcher gave two processes the same rank (check SHMRING_RANK, RANK, "
+            "OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID)"
+          : "either two processes of one job were given the same rank (check SHMRING_RANK and the "
+            "launcher's rank variables), or two jobs on this host share the job id");
+}
+
+// O_TMPFILE in /dev/shm: a file with no name yet. Our segment gets its name
+// (linkat) only once its creator holds its lock and its header is ready, so
+// no process ever finds the name with a live creator that is not yet locked
+// (the race that made a rank 0 take a starting creator for a dead one).
+int open_unnamed() {
+  return ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+}
+
+// 0, or the errno of linking `fd` as `name`: EEXIST when the name is taken.
+// Through /proc/self/fd, which needs no capability (AT_EMPTY_PATH does).
+int link_as(int fd, const std::string& name) {
+  const std::string from = fmt::format("/proc/self/fd/{}", fd);
+  if (::linkat(AT_FDCWD, from.c_str(), AT_FDCWD, shm_path(name).c_str(), AT_SYMLINK_FOLLOW) == 0)
+    return 0;
+  return errno;
 }
 
 }  // namespace
@@ -266,12 +432,17 @@ void record_abort(Header& h, ErrorCode code, int rank, const std::string& msg) {
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
   if (!layout)
-    throw InvalidArgumentError(fmt::format("segment of {} ranks x {} slots x {} bytes overflows",
-                                           req.world_size, req.slots, req.slot_bytes));
+    throw InvalidArgumentError(
+        fmt::format("rank {}: segment of {} ranks x {} slots x {} bytes overflows", req.rank,
+                    req.world_size, req.slots, req.slot_bytes));
+  const Identity me{req.job_id.empty() ? req.name : req.job_id, req.rank, req.world_size,
+                    req.job_nonce != 0 ? req.job_nonce : launcher_nonce(req.rank)};
   std::unique_ptr<Segment> seg(new Segment());
   seg->name_ = req.name;
   seg->rank_ = req.rank;
   seg->world_size_ = req.world_size;
+  seg->fork_generation_ = g_fork_generation.load(std::memory_order_relaxed);
+  seg->owner_pid_ = getpid();
   seg->map_ = std::make_unique<Mapping>();
   auto& m = *seg->map_;
   auto not_ours = [&](const std::string& why) {
@@ -280,53 +451,99 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         "open or remove it (choose a different SHMRING_JOB_ID, or remove it as its owner)",
         req.rank, req.name, why));
   };
+  // A live segment of our name whose owner clashes with us: record why in its
+  // header (so that its ranks fail now, not at their timeout) and throw the
+  // job's first error. Both jobs' ranks are involved: all must fail.
+  auto collide = [&](Header* h, const std::string& msg) -> Error {
+    if (h != nullptr && h->magic == kMagic && h->layout_version == kLayoutVersion) {
+      AbortInfo a = record_abort(*h, ErrorCode::invalid_argument, req.rank, msg);
+      return Error(static_cast<ErrorCode>(a.code), a.reason);
+    }
+    return InvalidArgumentError(msg);
+  };
+  auto rethrow = [](const Error& e) { throw_error(e.code(), e.what(), e.sys_errno()); };
 
   if (req.rank == 0) {
-    // ---- Create, exclusively, mode 0600. ----
-    for (int attempt = 0;; ++attempt) {
-      if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
-      try {
-        m.shm = bip::shared_memory_object(bip::create_only, req.name.c_str(), bip::read_write,
-                                          bip::permissions(0600));
-        break;
-      } catch (const bip::interprocess_exception& e) {
-        if (e.get_error_code() != bip::already_exists_error || attempt >= 3)
-          throw SystemError(fmt::format("rank 0: cannot create shared memory segment '{}': {}",
-                                        req.name, e.what()),
-                            e.get_native_error());
-      }
+    // ---- Create: unnamed, locked and filled first, then named. ----
+    int fd = open_unnamed();
+    const bool unnamed = fd >= 0;
+    if (!unnamed) {
+      // No O_TMPFILE (an old kernel, or /dev/shm not a tmpfs): create the
+      // name exclusively and lock it at once; a narrow window remains in
+      // which the name exists unlocked (see the stale check below).
+      fd = ::shm_open(req.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    }
+    m.fd = fd;
+    auto handle_existing = [&]() {
       // The name exists: a stale segment of a dead job, or a live collision.
-      try {
-        bip::shared_memory_object old(bip::open_only, req.name.c_str(), bip::read_only);
-        int ofd = handle_of(old);
-        if (auto why = fd_problem(ofd); !why.empty()) throw not_ours(why);
-        if (lock_held(ofd, 0))
-          throw InvalidArgumentError(fmt::format(
-              "rank 0: shared memory segment '{}' already exists and its creator ({}) is "
-              "alive: another job is using the same job id on this host; choose a different "
-              "SHMRING_JOB_ID",
-              req.name, [pid = creator_pid_of(old, ofd)] {
-                return pid > 0 ? fmt::format("pid {}", pid) : std::string("still starting up");
-              }()));
+      if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
+      int ofd = ::shm_open(req.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+      if (ofd < 0) {
+        if (errno == ENOENT) return;  // vanished meanwhile: retry
+        throw SystemError(fmt::format("rank 0: cannot inspect existing segment '{}': {}", req.name,
+                                      std::strerror(errno)),
+                          errno);
+      }
+      Mapping guard;
+      guard.fd = ofd;
+      if (auto why = fd_problem(ofd); !why.empty()) throw not_ours(why);
+      // A creator without O_TMPFILE (or of an older shmring) locks just
+      // after the name appears: give an empty, unlocked file a moment.
+      for (int i = 0; i < 100 && !lock_held(ofd, 0) && file_size(ofd) < kHeaderBytes; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!lock_held(ofd, 0)) {
         SHMRING_LOG(warn, "removing stale shared memory segment '{}' (its creator, {}, is dead)",
-                    req.name, pid_text(creator_pid_of(old, ofd)));
+                    req.name, pid_text(creator_pid_of(ofd)));
         unlink_if_same(req.name, ofd);
-      } catch (const bip::interprocess_exception& e) {
-        // Vanished meanwhile: retry the create. Anything else is an error.
-        if (e.get_error_code() != bip::not_found_error)
-          throw SystemError(
-              fmt::format("rank 0: cannot inspect existing segment '{}': {}", req.name, e.what()),
-              e.get_native_error());
+        return;
+      }
+      // Its creator is alive: another rank 0. Wait (briefly) for its header,
+      // ready at once unless that creator had no O_TMPFILE.
+      std::optional<HeaderView> hv;
+      Header* h = nullptr;
+      for (int i = 0; i < 100; ++i) {
+        if (h == nullptr) h = hv.emplace(ofd, true).get();
+        if (h != nullptr && h->status.load(std::memory_order_acquire) != kStatusInit) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      const bool ours = h != nullptr && h->magic == kMagic && h->layout_version == kLayoutVersion;
+      const int pid = ours ? h->creator_pid : 0;
+      const Collision kind = ours ? classify(*h, me) : Collision::unknown;
+      rethrow(collide(ours ? h : nullptr, kind == Collision::other_job
+                                              ? two_jobs_message(me, req.name, pid)
+                                              : duplicate_rank_message(me, req.name, pid, kind)));
+    };
+    if (!unnamed) {
+      for (int attempt = 0; m.fd < 0; ++attempt) {
+        if (errno != EEXIST || attempt >= 3)
+          throw SystemError(fmt::format("rank 0: cannot create shared memory segment '{}': {}",
+                                        req.name, std::strerror(errno)),
+                            errno);
+        handle_existing();
+        m.fd = ::shm_open(req.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       }
     }
-    seg->fd_ = handle_of(m.shm);
-    fcntl(seg->fd_, F_SETFD, FD_CLOEXEC);
+    seg->fd_ = m.fd;
     if (!try_lock_rank(seg->fd_, 0)) {
       int e = errno;
-      unlink_if_same(req.name, seg->fd_);
+      if (!unnamed) unlink_if_same(req.name, seg->fd_);
       throw SystemError(
           fmt::format("rank 0: cannot lock segment '{}': {}", req.name, std::strerror(e)), e);
     }
+    // Names the file once it is ready (unnamed case): a stale file of our
+    // name is removed, a live one is a collision.
+    auto publish_name = [&]() {
+      if (!unnamed) return;
+      for (int attempt = 0;; ++attempt) {
+        int e = link_as(seg->fd_, req.name);
+        if (e == 0) return;
+        if (e != EEXIST || attempt >= 3)
+          throw SystemError(fmt::format("rank 0: cannot name shared memory segment '{}': {}",
+                                        req.name, std::strerror(e)),
+                            e);
+        handle_existing();
+      }
+    };
     // Reserve every page now: a full /dev/shm must be an error here, not a
     // SIGBUS on first touch later. The header page first, so that a failure
     // of the big reservation can still be told to the other ranks through it.
@@ -344,30 +561,45 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
           req.direct_bytes, layout->slot_offset, shm_dir_free(), std::strerror(err));
       // Tell the other ranks through a header-only segment, then remove it.
       if (req.world_size > 1 && header_reserved && file_size(seg->fd_) >= kHeaderBytes) {
-        try {
-          bip::mapped_region hr(m.shm, bip::read_write, 0, kHeaderBytes);
-          auto* h = static_cast<Header*>(hr.get_address());
+        (void)!ftruncate(seg->fd_, static_cast<off_t>(kHeaderBytes));
+        HeaderView hv(seg->fd_, true);
+        if (Header* h = hv.get()) {
           h->magic = kMagic;
           h->layout_version = kLayoutVersion;
           h->world_size = static_cast<std::uint32_t>(req.world_size);
           h->creator_pid = getpid();
+          h->job_nonce = me.nonce;
+          h->reserved = me.nonce != 0 ? kNonceLauncher : kNonceRandom;
           record_abort(*h, ErrorCode::out_of_shared_memory, 0, reason);
           h->attached.store(1, std::memory_order_relaxed);
           h->status.store(kStatusFailed, std::memory_order_release);
-          int it = 0;
-          while (h->attached.load(std::memory_order_acquire) <
-                     static_cast<std::uint32_t>(req.world_size) &&
-                 std::chrono::steady_clock::now() < req.deadline)
-            sleep_backoff(it);
-        } catch (const bip::interprocess_exception&) {
+          try {
+            publish_name();
+            int it = 0;
+            while (h->attached.load(std::memory_order_acquire) <
+                       static_cast<std::uint32_t>(req.world_size) &&
+                   std::chrono::steady_clock::now() < req.deadline)
+              sleep_backoff(it);
+          } catch (const Error&) {
+          }
         }
       }
       unlink_if_same(req.name, seg->fd_);
       throw OutOfSharedMemoryError(reason, err);
     }
-    m.region =
-        bip::mapped_region(m.shm, bip::read_write, 0, layout->total_bytes, nullptr, MAP_POPULATE);
-    seg->base_ = static_cast<std::byte*>(m.region.get_address());
+    void* addr = ::mmap(nullptr, layout->total_bytes, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_POPULATE, seg->fd_, 0);
+    if (addr == MAP_FAILED) {
+      int e = errno;
+      if (!unnamed) unlink_if_same(req.name, seg->fd_);
+      throw SystemError(fmt::format("rank 0: cannot map shared memory segment '{}' ({} bytes): {}",
+                                    req.name, layout->total_bytes, std::strerror(e)),
+                        e);
+    }
+    m.addr = addr;
+    m.len = layout->total_bytes;
+    ::madvise(addr, m.len, MADV_DONTFORK);
+    seg->base_ = static_cast<std::byte*>(addr);
     seg->header_ = reinterpret_cast<Header*>(seg->base_);
     seg->layout_ = *layout;
     seg->slots_ = req.slots;
@@ -385,19 +617,29 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     h.slot_offset = layout->slot_offset;
     h.direct_bytes = req.direct_bytes;
     h.direct_offset = layout->direct_offset;
-    h.job_nonce = fnv1a(&h, sizeof(void*),
-                        static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
+    h.job_nonce = me.nonce != 0
+                      ? me.nonce
+                      : fnv1a(&h, sizeof(void*),
+                              static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
+    h.reserved = me.nonce != 0 ? kNonceLauncher : kNonceRandom;
     h.host_hash = req.host_hash;
     h.creator_pid = getpid();
     h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
-    RankArea& me = seg->rank_area(0);
-    publish_cpus(me.info);
-    me.info.pid.store(getpid(), std::memory_order_relaxed);
-    me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
-    me.info.state.store(kRankAttached, std::memory_order_relaxed);
+    RankArea& mine = seg->rank_area(0);
+    publish_cpus(mine.info);
+    mine.info.pid.store(getpid(), std::memory_order_relaxed);
+    mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
+    mine.info.state.store(kRankAttached, std::memory_order_relaxed);
     h.attached.store(1, std::memory_order_relaxed);
     h.status.store(kStatusReady, std::memory_order_release);  // last: "ready"
-    if (req.world_size == 1) seg->unlink_name();
+    seg->registered_ = true;
+    track_fd(seg->fd_);
+    if (req.world_size == 1) {
+      seg->unlinked_ = true;  // never named (or removed right away below)
+      if (!unnamed) ::shm_unlink(req.name.c_str());
+      return seg;
+    }
+    publish_name();
     return seg;
   }
 
@@ -409,10 +651,9 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   // timestamp never runs ahead of that clock, whether the kernel stamps files
   // with the coarse or the fine clock, while the coarse clock can lag a file
   // stamped finely just before we began) and has a size
-  // (rank 0 locks before it reserves, so a sized file had a live creator), or
-  // when we saw its creator alive before: then fail now and remove it, rather
-  // than wait for the timeout and leave it behind. An empty unlocked file may
-  // be a rank 0 between create and lock: only the deadline settles that.
+  // (rank 0 locks before it names or reserves, so a sized file had a live
+  // creator), or when we saw its creator alive before: then fail now and
+  // remove it, rather than wait for the timeout and leave it behind.
   const std::int64_t began_ns = realtime_ns();
   const auto began = Clock::now();
   int it = 0;
@@ -424,31 +665,39 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         extra));
   };
   auto rank0_died = [&](int pid, int fd) {
+    // A rank 0 that recorded why it gave up (another job, a duplicate rank)
+    // left that reason behind: it is the diagnosis, not its exit.
+    if (HeaderView hv(fd, false); hv.get() != nullptr && hv.get()->magic == kMagic &&
+                                  hv.get()->layout_version == kLayoutVersion)
+      if (auto a = read_abort(*hv.get())) return Error(static_cast<ErrorCode>(a->code), a->reason);
     unlink_if_same(req.name, fd);
-    return PeerFailureError(fmt::format(
-        "rank {}: rank 0 ({}) died while creating segment '{}', before every rank attached",
-        req.rank, pid_text(pid), req.name));
+    return Error(ErrorCode::peer_failure,
+                 fmt::format("rank {}: rank 0 ({}) died while creating segment '{}', before every "
+                             "rank attached",
+                             req.rank, pid_text(pid), req.name));
+  };
+  auto close_fd = [&] {
+    if (m.fd >= 0) ::close(m.fd);
+    m.fd = -1;
   };
   for (;;) {
     if (auto why = path_problem(req.name); !why.empty()) throw not_ours(why);
-    try {
-      m.shm = bip::shared_memory_object(bip::open_only, req.name.c_str(), bip::read_write);
-    } catch (const bip::interprocess_exception& e) {
-      if (e.get_error_code() != bip::not_found_error)
+    m.fd = ::shm_open(req.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    if (m.fd < 0) {
+      if (errno != ENOENT)
         throw SystemError(fmt::format("rank {}: cannot open shared memory segment '{}': {}",
-                                      req.rank, req.name, e.what()),
-                          e.get_native_error());
+                                      req.rank, req.name, std::strerror(errno)),
+                          errno);
       if (Clock::now() >= req.deadline) throw timed_out("the creation");
       sleep_backoff(it);
       continue;
     }
-    int fd = handle_of(m.shm);
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    const int fd = m.fd;
     if (auto why = fd_problem(fd); !why.empty()) throw not_ours(why);
     if (!lock_held(fd, 0)) {
-      const int pid = creator_pid_of(m.shm, fd);
+      const int pid = creator_pid_of(fd);
       if (file_size(fd) >= kHeaderBytes && linked_ctime_ns(fd) > began_ns && !lock_held(fd, 0))
-        throw rank0_died(pid, fd);
+        rethrow(rank0_died(pid, fd));
       if (Clock::now() >= req.deadline) {
         bool removed = !lock_held(fd, 0) && unlink_if_same(req.name, fd);
         throw timed_out("a live rank 0",
@@ -456,20 +705,21 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                                     "there all along{}",
                                     pid_text(pid), removed ? " and has been removed" : ""));
       }
-      m.shm = bip::shared_memory_object();
+      close_fd();
       sleep_backoff(it);
       continue;
     }
-    // The creator is alive: wait for its header, watching its lock.
-    std::optional<bip::mapped_region> hr;
+    // The creator is alive: wait for its header (ready at once unless its
+    // creator had no O_TMPFILE), watching its lock.
+    std::optional<HeaderView> hv;
     Header* h = nullptr;
     for (;;) {
-      if (!hr && file_size(fd) >= kHeaderBytes) {
-        hr.emplace(m.shm, bip::read_write, 0, kHeaderBytes);
-        h = static_cast<Header*>(hr->get_address());
+      if (h == nullptr && file_size(fd) >= kHeaderBytes) {
+        hv.emplace(fd, true);
+        h = hv->get();
       }
       if (h != nullptr && h->status.load(std::memory_order_acquire) != kStatusInit) break;
-      if (!lock_held(fd, 0)) throw rank0_died(h ? h->creator_pid : 0, fd);
+      if (!lock_held(fd, 0)) rethrow(rank0_died(h ? h->creator_pid : 0, fd));
       if (Clock::now() >= req.deadline) throw timed_out("the header");
       sleep_backoff(it);
     }
@@ -477,14 +727,23 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     const bool ours = h->magic == kMagic && h->layout_version == kLayoutVersion;
     if (ours && h->status.load(std::memory_order_acquire) == kStatusFailed) {
       h->attached.fetch_add(1, std::memory_order_acq_rel);
-      throw_from_header(*h, req.rank);
+      auto a = read_abort(*h);
+      if (a) throw_error(static_cast<ErrorCode>(a->code), a->reason);
+      throw InternalError(fmt::format("rank {}: segment failed without a reason", req.rank));
     }
+    // A job that failed already (a collision found by another process): its
+    // reason is ours too.
+    if (ours)
+      if (auto a = read_abort(*h)) throw_error(static_cast<ErrorCode>(a->code), a->reason);
+    // Another job's segment under our job id: both jobs must fail.
+    if (ours && classify(*h, me) == Collision::other_job)
+      rethrow(collide(h, two_jobs_message(me, req.name, h->creator_pid)));
     HeaderCheck check =
         validate_header(h, kHeaderBytes, file_size(fd), req.world_size, req.host_hash);
     if (!check) {
       std::string msg =
           fmt::format("rank {}: segment '{}' refused: {}", req.rank, req.name, check.error);
-      if (ours) record_abort(*h, ErrorCode::invalid_argument, req.rank, msg);
+      if (ours) rethrow(collide(h, msg));
       throw InvalidArgumentError(msg);
     }
     if (check.slots != req.slots || check.slot_bytes != req.slot_bytes)
@@ -497,27 +756,35 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     seg->fd_ = fd;
     break;
   }
-  m.region = bip::mapped_region(m.shm, bip::read_write, 0, seg->layout_.total_bytes, nullptr,
-                                MAP_POPULATE);
-  seg->base_ = static_cast<std::byte*>(m.region.get_address());
-  seg->header_ = reinterpret_cast<Header*>(seg->base_);
-  RankArea& me = seg->rank_area(req.rank);
-  if (!try_lock_rank(seg->fd_, req.rank)) {
-    // Not written to the abort word: the segment may belong to another job
-    // that happens to use our job id, and a bystander must not be aborted.
-    const int holder = me.info.pid.load();
-    std::string msg = fmt::format(
-        "rank {}: another process ({}) already attached as rank {} to segment '{}': either two "
-        "ranks of this job share SHMRING_RANK={}, or another job on this host uses the same "
-        "SHMRING_JOB_ID (shmrun gives each job a fresh one)",
-        req.rank, holder > 0 ? fmt::format("pid {}", holder) : std::string("pid not yet known"),
-        req.rank, req.name, req.rank);
-    throw InvalidArgumentError(msg);
+  void* addr = ::mmap(nullptr, seg->layout_.total_bytes, PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_POPULATE, seg->fd_, 0);
+  if (addr == MAP_FAILED) {
+    int e = errno;
+    throw SystemError(fmt::format("rank {}: cannot map shared memory segment '{}' ({} bytes): {}",
+                                  req.rank, req.name, seg->layout_.total_bytes, std::strerror(e)),
+                      e);
   }
-  publish_cpus(me.info);
-  me.info.pid.store(getpid(), std::memory_order_relaxed);
-  me.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
-  me.info.state.store(kRankAttached, std::memory_order_release);
+  m.addr = addr;
+  m.len = seg->layout_.total_bytes;
+  ::madvise(addr, m.len, MADV_DONTFORK);
+  seg->base_ = static_cast<std::byte*>(addr);
+  seg->header_ = reinterpret_cast<Header*>(seg->base_);
+  RankArea& mine = seg->rank_area(req.rank);
+  // The rank's lock, then its state: a second claimant of the rank finds the
+  // lock held (by a live process), or the state set by one that has left.
+  // Either way both are told, and so is the rest of the job.
+  if (!try_lock_rank(seg->fd_, req.rank) ||
+      mine.info.state.load(std::memory_order_acquire) != kRankAbsent) {
+    const Collision kind = classify(*seg->header_, me);
+    rethrow(
+        collide(seg->header_, duplicate_rank_message(me, req.name, mine.info.pid.load(), kind)));
+  }
+  publish_cpus(mine.info);
+  mine.info.pid.store(getpid(), std::memory_order_relaxed);
+  mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
+  mine.info.state.store(kRankAttached, std::memory_order_release);
+  seg->registered_ = true;
+  track_fd(seg->fd_);
   std::uint32_t now_attached = seg->header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (now_attached == static_cast<std::uint32_t>(req.world_size)) seg->unlink_name();
   return seg;
@@ -590,18 +857,16 @@ std::vector<SegmentInfo> list_segments() {
     if (name.rfind(prefix, 0) != 0) continue;
     SegmentInfo info;
     info.name = name;
-    try {
-      bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_only);
-      int fd = handle_of(shm);
-      info.bytes = file_size(fd);
-      info.creator_alive = lock_held(fd, 0);
-      if (info.bytes >= kHeaderBytes) {
-        bip::mapped_region hr(shm, bip::read_only, 0, kHeaderBytes);
-        info.creator_pid = static_cast<const Header*>(hr.get_address())->creator_pid;
-      }
-    } catch (const bip::interprocess_exception&) {
-      continue;
+    int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;
+    info.bytes = file_size(fd);
+    info.creator_alive = lock_held(fd, 0);
+    {
+      HeaderView hv(fd, false);
+      if (hv.get() != nullptr)
+        info.creator_pid = read_field<std::int32_t>(hv.bytes(), offsetof(Header, creator_pid));
     }
+    ::close(fd);
     out.push_back(info);
   }
   closedir(d);

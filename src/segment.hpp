@@ -26,6 +26,8 @@ struct SegmentRequest {
   std::uint64_t direct_bytes = 0;
   std::uint64_t host_hash = 0;
   std::chrono::steady_clock::time_point deadline;
+  std::string job_id;           // for messages (the name when empty)
+  std::uint64_t job_nonce = 0;  // the same on every rank of one job; 0: SHMRING_JOB_NONCE or none
 };
 
 class Segment {
@@ -33,8 +35,9 @@ class Segment {
   /// Rank 0 creates the segment (removing a stale one whose creator is dead);
   /// the others open and validate it. Returns once this rank is registered;
   /// call wait_all_attached() next. Throws InvalidArgumentError (collision,
-  /// bad header, duplicate rank), OutOfSharedMemoryError, TimeoutError,
-  /// SystemError.
+  /// bad header, two processes claiming one rank, two jobs sharing the job
+  /// id: then the live segment's ranks are aborted too), OutOfSharedMemoryError,
+  /// TimeoutError, SystemError.
   static std::unique_ptr<Segment> create_or_attach(const SegmentRequest& req);
   ~Segment();  // unmaps; releases the liveness lock
 
@@ -69,6 +72,11 @@ class Segment {
   bool rank_alive(int r) const;
   /// Removes the name (idempotent).
   void unlink_name();
+  /// True in a process forked (without exec) from the one that attached:
+  /// there the segment is neither mapped nor open, and must not be used.
+  bool forked_away() const noexcept;
+  /// The process that attached this rank.
+  int owner_pid() const noexcept { return owner_pid_; }
 
  private:
   Segment() = default;
@@ -83,6 +91,9 @@ class Segment {
   int world_size_ = 1;
   std::string name_;
   bool unlinked_ = false;
+  bool registered_ = false;  // this process holds the rank (lock taken, state published)
+  std::uint64_t fork_generation_ = 0;
+  int owner_pid_ = 0;
 };
 
 /// Stale/colliding segment inspection for `shmrun --list/--cleanup`.

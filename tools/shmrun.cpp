@@ -47,6 +47,24 @@ std::string random_job_id() {
   return fmt::format("{:x}-{:016x}", static_cast<unsigned>(getpid()), x);
 }
 
+// SHMRING_JOB_NONCE: fresh for every shmrun, so that two jobs given the same
+// --job-id tell each other's segment from their own and both fail at once.
+std::string random_nonce() {
+  std::random_device rd;
+  std::uint64_t x = 0;
+  while (x == 0)
+    x = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ (std::uint64_t(getpid()) << 16);
+  return fmt::format("{:016x}", x);
+}
+
+// Variables shmrun sets per rank: a -x of one of them is a usage error, not a
+// silent override in either direction.
+constexpr const char* kRankVariables[] = {"SHMRING_RANK",       "SHMRING_WORLD_SIZE",
+                                          "SHMRING_LOCAL_RANK", "SHMRING_LOCAL_WORLD_SIZE",
+                                          "SHMRING_JOB_NONCE",  "RANK",
+                                          "WORLD_SIZE",         "LOCAL_RANK",
+                                          "LOCAL_WORLD_SIZE"};
+
 bool valid_env_name(const std::string& name) {
   if (name.empty() || (name[0] >= '0' && name[0] <= '9')) return false;
   for (char c : name)
@@ -208,7 +226,9 @@ int main(int argc, char** argv) {
   app.footer(
       "Environment of each worker: SHMRING_RANK, SHMRING_WORLD_SIZE, SHMRING_LOCAL_RANK,\n"
       "SHMRING_LOCAL_WORLD_SIZE, SHMRING_JOB_ID; RANK, WORLD_SIZE, LOCAL_RANK,\n"
-      "LOCAL_WORLD_SIZE (torchrun); MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set.\n"
+      "LOCAL_WORLD_SIZE (torchrun); MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set;\n"
+      "OMP_NUM_THREADS and MKL_NUM_THREADS = CPUs / ranks unless set. -x SHMRING_JOB_ID=ID\n"
+      "is the same as --job-id ID.\n"
       "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 127 if\n"
       "the program cannot be run.");
 
@@ -237,7 +257,29 @@ int main(int argc, char** argv) {
       if (spec.command.empty())
         throw CLI::RequiredError("program (give it after the options, e.g. -- ./prog args)");
     }
-    for (const auto& x : exports) spec.env.push_back(parse_export(x));
+    for (const auto& x : exports) {
+      auto kv = parse_export(x);
+      for (const char* v : kRankVariables)
+        if (kv.first == v)
+          throw CLI::ValidationError(
+              "-x",
+              fmt::format("{}: shmrun sets {} for each rank itself; -n sets the world size", x, v));
+      if (kv.first == "SHMRING_JOB_ID") {
+        // The job id names the segment: take it as --job-id would.
+        if (!shmring::detail::valid_job_id(kv.second))
+          throw CLI::ValidationError(
+              "-x", fmt::format("SHMRING_JOB_ID='{}': expected 1 to 64 characters from "
+                                "[A-Za-z0-9._-]",
+                                kv.second));
+        if (!spec.job_id.empty() && spec.job_id != kv.second)
+          throw CLI::ValidationError(
+              "-x", fmt::format("SHMRING_JOB_ID={} disagrees with --job-id {}; give one", kv.second,
+                                spec.job_id));
+        spec.job_id = kv.second;
+        continue;
+      }
+      spec.env.push_back(std::move(kv));
+    }
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a usage error exits 2, as most tools do.
     return app.exit(e) == 0 ? 0 : 2;
@@ -254,9 +296,34 @@ int main(int argc, char** argv) {
     if (const char* inherited = std::getenv("SHMRING_JOB_ID"); inherited && *inherited)
       std::fprintf(stderr,
                    "shmrun: note: SHMRING_JOB_ID=%s in the environment is replaced by a fresh "
-                   "job id; use --job-id to choose one\n",
+                   "job id; use --job-id (or -x SHMRING_JOB_ID=...) to choose one\n",
                    inherited);
     spec.job_id = random_job_id();
+  }
+  spec.job_nonce = random_nonce();
+  // One OpenMP (and MKL) pool per rank of the rank's share of the CPUs, as
+  // torchrun does: N ranks each starting a pool of every CPU is the commonest
+  // way CPU trainers lose their speed. The user's own setting wins.
+  {
+    const int cpus = shmring::detail::affinity_cpus();
+    const int per_rank =
+        spec.bind_to_core ? std::min(spec.cores_per_rank, cpus) : std::max(1, cpus / spec.np);
+    std::vector<std::string> set;
+    for (const char* v : {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}) {
+      const bool by_x = std::any_of(spec.env.begin(), spec.env.end(),
+                                    [&](const auto& kv) { return kv.first == v; });
+      const char* inherited = std::getenv(v);
+      if (by_x || (inherited != nullptr && *inherited != '\0')) continue;
+      spec.env.insert(spec.env.begin(), {v, std::to_string(per_rank)});
+      set.push_back(v);
+    }
+    if (!set.empty())
+      std::fprintf(stderr,
+                   "shmrun: setting %s=%d for each rank (%d CPUs / %d ranks); set %s yourself "
+                   "to choose\n",
+                   set.size() == 2 ? "OMP_NUM_THREADS and MKL_NUM_THREADS" : set[0].c_str(),
+                   per_rank, spec.bind_to_core ? per_rank * spec.np : cpus, spec.np,
+                   set.size() == 2 ? "them" : "it");
   }
   return l::run_job(spec);
 }

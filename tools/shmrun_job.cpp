@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "segment.hpp"
 #include "shmrun_output.hpp"
 
 extern char** environ;
@@ -243,6 +244,7 @@ bool Job::spawn() {
   env["SHMRING_WORLD_SIZE"] = np;
   env["SHMRING_LOCAL_WORLD_SIZE"] = np;
   env["SHMRING_JOB_ID"] = spec_.job_id;
+  if (!spec_.job_nonce.empty()) env["SHMRING_JOB_NONCE"] = spec_.job_nonce;
   env["WORLD_SIZE"] = np;
   env["LOCAL_WORLD_SIZE"] = np;
   env["GROUP_RANK"] = "0";
@@ -573,21 +575,19 @@ int run_job(const JobSpec& spec) {
 
 int remove_job_segments(const std::string& job_id) {
   // Segment names are "shmring-<uid>-<job id>-<host hash>". Once every
-  // worker is gone, any entry of this job is left over from a rank that died
-  // before all had attached (after that the name is already unlinked).
+  // worker is gone, an entry of this job whose creator is dead is left over
+  // from a rank that died before all had attached (after that the name is
+  // already unlinked). One whose creator lives belongs to another job given
+  // the same job id: it is not ours to remove (its ranks would wait for it
+  // until their timeout).
   const std::string prefix = fmt::format("shmring-{}-{}-", static_cast<unsigned>(getuid()), job_id);
   int removed = 0;
-  DIR* d = ::opendir("/dev/shm");
-  if (d == nullptr) return 0;
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.rfind(prefix, 0) == 0 && name.find('-', prefix.size()) == std::string::npos)
-      names.push_back(name);
-  }
-  ::closedir(d);
-  for (const auto& name : names)
+  for (const auto& seg : shmring::detail::list_segments()) {
+    const std::string& name = seg.name;
+    if (name.rfind(prefix, 0) != 0 || name.find('-', prefix.size()) != std::string::npos) continue;
+    if (seg.creator_alive) continue;
     if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
   return removed;
 }
 

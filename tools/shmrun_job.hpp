@@ -14,6 +14,7 @@ struct JobSpec {
   int np = 1;
   std::vector<std::string> command;  ///< program (looked up in PATH) and its arguments
   std::string job_id;                ///< SHMRING_JOB_ID of every rank; names the segment
+  std::string job_nonce;             ///< SHMRING_JOB_NONCE of every rank (hex; fresh per job)
   double grace_s = 3.0;              ///< SIGTERM -> SIGKILL delay on teardown
   double timeout_s = 0;              ///< whole-job limit; 0 = none
   bool tag_output = false;           ///< prefix each output line with "[rank] "

@@ -95,16 +95,21 @@ SHMRING_API std::uint64_t host_identity();
 /// safe from any thread at any time. Requests may be waited on from any
 /// thread. After fork() a child must not use (nor wait on requests of) a
 /// communicator it inherited: it has no progress thread and no membership.
+/// Its collectives there throw InvalidArgumentError, and destroying it there
+/// touches nothing: the child neither keeps the parent's rank alive nor
+/// speaks for it.
 class SHMRING_API Communicator {
  public:
   /// Rank, world size and job id from the environment: SHMRING_RANK,
   /// SHMRING_WORLD_SIZE, SHMRING_JOB_ID (set by shmrun), else torchrun's
   /// RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE with a job id from
   /// TORCHELASTIC_RUN_ID or MASTER_ADDR:MASTER_PORT, else Open MPI's
-  /// OMPI_COMM_WORLD_* or Slurm's SLURM_*. Blocks until every rank has
-  /// attached (or the timeout passes).
-  /// Throws InvalidArgumentError (missing/bad settings), TimeoutError (a rank
-  /// never arrived), OutOfSharedMemoryError, SystemError.
+  /// OMPI_COMM_WORLD_*, MPICH's PMI_RANK / PMI_SIZE or Slurm's SLURM_* (the
+  /// innermost launcher's; an outer set that disagrees is InvalidArgumentError).
+  /// Blocks until every rank has attached (or the timeout passes).
+  /// Throws InvalidArgumentError (missing/bad settings, two processes claiming
+  /// one rank, two jobs sharing the job id: then every process involved throws),
+  /// TimeoutError (a rank never arrived), OutOfSharedMemoryError, SystemError.
   Communicator();
   /// Explicit settings; fields left unset come from the environment.
   explicit Communicator(const Options& options);

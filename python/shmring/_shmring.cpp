@@ -696,8 +696,10 @@ A group of world-size processes on this host running collectives over one
 shared-memory segment.
 
 Communicator() takes rank, world size and job id from the environment
-(shmrun's SHMRING_*, torchrun's RANK/WORLD_SIZE, Open MPI, Slurm). Keyword
-arguments override single settings. Construction blocks until every rank has
+(shmrun's SHMRING_*, torchrun's RANK/WORLD_SIZE, Open MPI, MPICH, Slurm).
+Keyword arguments override single settings: rank=, world_size= (alias size=),
+job_id=, local_rank=, local_world_size= (alias local_size=), slots=,
+slot_bytes=, threads=, timeout= (seconds). Construction blocks until every rank has
 attached (or the timeout passes).
 
 Collective-call rules: every rank calls the same collectives in the same
@@ -709,7 +711,21 @@ every later call raises AbortedError. One thread at a time per Communicator.
                        std::optional<std::string> job_id, std::optional<int> local_rank,
                        std::optional<int> local_size, std::optional<std::size_t> slots,
                        std::optional<std::size_t> slot_bytes, std::optional<int> threads,
-                       std::optional<double> timeout) {
+                       std::optional<double> timeout, std::optional<int> world_size,
+                       std::optional<int> local_world_size) {
+             // world_size= is C++'s name (Options::world_size, WORLD_SIZE);
+             // size= stays as its alias, like local_size= for local_world_size=.
+             auto one_of = [](const char* a, std::optional<int> x, const char* b,
+                              std::optional<int> y) {
+               if (x && y && *x != *y)
+                 throw InvalidArgumentError(
+                     fmt::format("{}={} and {}={}: the same setting twice, with different values; "
+                                 "give one",
+                                 a, *x, b, *y));
+               return x ? x : y;
+             };
+             size = one_of("world_size", world_size, "size", size);
+             local_size = one_of("local_world_size", local_world_size, "local_size", local_size);
              Options o;
              o.rank = rank.value_or(-1);
              o.world_size = size.value_or(-1);
@@ -734,9 +750,16 @@ every later call raises AbortedError. One thread at a time per Communicator.
            py::arg("job_id") = py::none(), py::arg("local_rank") = py::none(),
            py::arg("local_size") = py::none(), py::arg("slots") = py::none(),
            py::arg("slot_bytes") = py::none(), py::arg("threads") = py::none(),
-           py::arg("timeout") = py::none())
+           py::arg("timeout") = py::none(), py::arg("world_size") = py::none(),
+           py::arg("local_world_size") = py::none())
       .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
       .def_property_readonly("size", [](PyCommunicator& c) { return c.get().size(); })
+      .def_property_readonly(
+          "world_size", [](PyCommunicator& c) { return c.get().size(); },
+          "Number of ranks (the same as size).")
+      .def_property_readonly(
+          "local_world_size", [](PyCommunicator& c) { return c.get().local_size(); },
+          "Ranks of this job on this host (the same as local_size).")
       .def_property_readonly("local_rank", [](PyCommunicator& c) { return c.get().local_rank(); })
       .def_property_readonly("local_size", [](PyCommunicator& c) { return c.get().local_size(); })
       .def_property_readonly(

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <shmring/shmring.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -147,7 +148,8 @@ int run(int argc, char** argv) {
     for (const char* k :
          {"SHMRING_RANK", "SHMRING_WORLD_SIZE", "SHMRING_LOCAL_RANK", "SHMRING_LOCAL_WORLD_SIZE",
           "SHMRING_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-          "MASTER_PORT", "SHMRING_THREADS", "SHMRING_SLOTS", "SHMRING_SLOT_BYTES", "EXTRA"}) {
+          "MASTER_PORT", "SHMRING_THREADS", "SHMRING_SLOTS", "SHMRING_SLOT_BYTES", "EXTRA",
+          "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SHMRING_JOB_NONCE"}) {
       const char* v = std::getenv(k);
       std::printf(" %s=%s", k, v ? v : "<unset>");
     }
@@ -159,6 +161,15 @@ int run(int argc, char** argv) {
     // SHMRING_* setting fails here, on every rank alike.
     shmring::Communicator comm;
     comm.barrier();
+    return 0;
+  }
+  if (mode == "sum" && argc >= 3) {
+    // One allreduce of base + rank (job A's ranks hold 1000, 1001...): the
+    // sum tells which ranks paired up.
+    shmring::Communicator comm;
+    std::int32_t x = std::atoi(argv[2]) + comm.rank();
+    comm.allreduce(std::span<std::int32_t>(&x, 1), shmring::ReduceOp::sum);
+    std::printf("rank=%d sum=%d\n", comm.rank(), x);
     return 0;
   }
   if (mode == "create") {

@@ -214,6 +214,8 @@ def test_tag_output():
         last_seen = [False] * np
         pattern = re.compile(r"\[(\d+)\] (\d+) (out|err) (\d+|last)( (.*))?")
         for line in text.splitlines():
+            if stream == "err" and line.startswith("shmrun: setting "):
+                continue  # the launcher's own note (OMP_NUM_THREADS), untagged
             m = pattern.fullmatch(line)
             check(m, f"std{stream}: malformed line: {line[:120]!r}")
             tag, rank, s, index = int(m[1]), int(m[2]), m[3], m[4]
@@ -357,6 +359,104 @@ def test_every_rank_reports():
     check(said == {0, 1, 2, 3}, f"ranks that printed the error: {sorted(said)}", p.stderr)
     check(elapsed < 5.0, f"took {elapsed:.2f} s", p.stderr)
     assert_clean(jid, p.stderr, 4)
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "SHMRING_JOB_ID")}
+    env.update(extra)
+    return env
+
+
+def env_lines(stdout):
+    out = {}
+    for line in stdout.splitlines():
+        v = dict(kv.split("=", 1) for kv in re.findall(r"\S+=\S*", line))
+        out[int(v["rank"])] = v
+    return out
+
+
+def test_threads_env():
+    """OMP_NUM_THREADS and MKL_NUM_THREADS = CPUs / ranks unless set, said once."""
+    per_rank = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    p, _ = shmrun(job_id(), ["-n", "2"], ["env"], env=clean_env())
+    check(p.returncode == 0, f"exit status {p.returncode}", p.stderr)
+    for r, v in env_lines(p.stdout).items():
+        check(v["OMP_NUM_THREADS"] == per_rank and v["MKL_NUM_THREADS"] == per_rank,
+              f"rank {r}: expected {per_rank} threads", p.stdout)
+    said = re.findall(r"^shmrun: setting OMP_NUM_THREADS and MKL_NUM_THREADS=(\d+) for each rank",
+                      p.stderr, re.M)
+    check(said == [per_rank], "one line saying so", p.stderr)
+    # The user's own setting wins, from the environment or -x; only the
+    # other one is set (and named).
+    p, _ = shmrun(job_id(), ["-n", "2"], ["env"], env=clean_env(OMP_NUM_THREADS="3"))
+    for r, v in env_lines(p.stdout).items():
+        check(v["OMP_NUM_THREADS"] == "3" and v["MKL_NUM_THREADS"] == per_rank, f"rank {r}",
+              p.stdout)
+    check("setting MKL_NUM_THREADS=" in p.stderr and "OMP_NUM_THREADS and" not in p.stderr,
+          "names only what it set", p.stderr)
+    p, _ = shmrun(job_id(), ["-n", "2", "-x", "OMP_NUM_THREADS=5", "-x", "MKL_NUM_THREADS=6"],
+                  ["env"], env=clean_env())
+    for r, v in env_lines(p.stdout).items():
+        check(v["OMP_NUM_THREADS"] == "5" and v["MKL_NUM_THREADS"] == "6", f"rank {r}", p.stdout)
+    check("setting" not in p.stderr, "nothing to say", p.stderr)
+
+
+def test_job_id_export():
+    """-x SHMRING_JOB_ID=ID is --job-id ID; -x of a rank variable is refused;
+    each job gets a nonce of its own, the same on its ranks."""
+    jid = job_id()
+    p = subprocess.run([SHMRUN, "-n", "2", "-x", f"SHMRING_JOB_ID={jid}", "--", WORKER, "env"],
+                       capture_output=True, text=True, timeout=30, env=clean_env())
+    check(p.returncode == 0, f"exit status {p.returncode}", p.stderr)
+    lines = env_lines(p.stdout)
+    check({v["SHMRING_JOB_ID"] for v in lines.values()} == {jid}, "job id honoured", p.stdout)
+    nonces = {v["SHMRING_JOB_NONCE"] for v in lines.values()}
+    check(len(nonces) == 1 and re.fullmatch(r"[0-9a-f]{16}", next(iter(nonces))),
+          "one nonce per job", p.stdout)
+    p2 = subprocess.run([SHMRUN, "-n", "1", "-x", f"SHMRING_JOB_ID={jid}", "--", WORKER, "env"],
+                        capture_output=True, text=True, timeout=30, env=clean_env())
+    check(env_lines(p2.stdout)[0]["SHMRING_JOB_NONCE"] not in nonces, "a fresh nonce per job",
+          p2.stdout)
+    cases = [(["--job-id", "a", "-x", "SHMRING_JOB_ID=b"], "disagrees with --job-id"),
+             (["-x", "SHMRING_JOB_ID=a/b"], "a/b"),
+             (["-x", "SHMRING_RANK=1"], "shmrun sets SHMRING_RANK"),
+             (["-x", "WORLD_SIZE=4"], "shmrun sets WORLD_SIZE")]
+    for args, word in cases:
+        p = subprocess.run([SHMRUN, "-n", "2", *args, "--", WORKER, "env"], capture_output=True,
+                           text=True, timeout=20)
+        check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
+        check(word in p.stderr, f"{args}: message should name {word!r}", p.stderr)
+
+
+def test_two_jobs_same_id():
+    """Two shmruns given one --job-id at the same moment (job-identity.md,
+    input 1): never a wrong sum; a job either runs correctly or fails within
+    seconds saying that two jobs share the job id."""
+    failed = 0
+    for attempt in range(5):
+        jid = job_id()
+        env = clean_env(SHMRING_TIMEOUT="20")
+        start = time.monotonic()
+        procs = [subprocess.Popen([SHMRUN, "-n", "2", "--job-id", jid, "--", WORKER, "sum",
+                                   str(base)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=env) for base in (1000, 2000)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        elapsed = time.monotonic() - start
+        for base, p, (out, err) in zip((1000, 2000), procs, outs):
+            sums = re.findall(r"sum=(\d+)", out)
+            if p.returncode == 0:
+                check(sums == [str(2 * base + 1)] * 2, f"attempt {attempt}: wrong sums {sums}",
+                      out + err)
+            else:
+                failed += 1
+                check(all(s == str(2 * base + 1) for s in sums),
+                      f"attempt {attempt}: wrong sums {sums}", out + err)
+                check("two jobs share job id" in err, f"attempt {attempt}: job {base}: the "
+                      "error must say that two jobs share the job id", err)
+        check(elapsed < 10, f"attempt {attempt}: took {elapsed:.1f} s", "")
+        check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}")
+    print(f"{failed} of 10 jobs failed with the diagnosis, the others ran correctly")
 
 
 if __name__ == "__main__":

@@ -204,3 +204,14 @@ def test_environment_constructor(monkeypatch, job_id):
     monkeypatch.setenv("SHMRING_JOB_ID", job_id)
     with shmring.Communicator() as c:
         assert (c.rank, c.size, c.config["job_id"]) == (0, 1, job_id)
+
+
+def test_world_size_is_the_keyword_and_size_its_alias(job_id):
+    # world_size= is the C++ name (Options::world_size, WORLD_SIZE); size=
+    # stays; giving both with different values is an error.
+    with shmring.Communicator(rank=0, world_size=1, job_id=job_id, local_world_size=1) as c:
+        assert (c.world_size, c.size, c.local_world_size, c.local_size) == (1, 1, 1, 1)
+    with shmring.Communicator(rank=0, world_size=1, size=1, job_id=job_id) as c:
+        assert c.world_size == 1
+    with pytest.raises(shmring.InvalidArgumentError, match="world_size=2 and size=1"):
+        shmring.Communicator(rank=0, world_size=2, size=1, job_id=job_id)
