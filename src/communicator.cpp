@@ -106,15 +106,29 @@ bool Communicator::Impl::keep_off_cpu_of(int peer) {
     published_cpu = cpu;
   }
   if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
-  int moved = unstacker.move_off(cpu, [&](int c) {
-    for (int r = 0; r < size; ++r)
-      if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
+  // One mover at a time; whoever loses the claim stays (and skips its spin).
+  auto& mover = seg->header().mover;
+  std::uint32_t none = 0;
+  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
+                                     std::memory_order_acq_rel))
     return false;
-  });
-  if (moved < 0) return false;
-  my_area().info.cpu.store(moved, std::memory_order_relaxed);
-  published_cpu = moved;
-  return true;
+  int moved = -1;
+  bool stacked = area(peer).info.cpu.load(std::memory_order_acquire) == cpu;
+  if (stacked) {
+    moved = unstacker.move_off(
+        cpu,
+        [&](int c) {
+          for (int r = 0; r < size; ++r)
+            if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
+          return false;
+        },
+        [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
+    if (moved >= 0) stacked = false;
+  }
+  published_cpu = moved >= 0 ? moved : cpu;
+  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
+  mover.store(0, std::memory_order_release);
+  return !stacked;
 }
 
 void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,

@@ -121,6 +121,10 @@ struct alignas(kLine) Header {
   alignas(kLine) std::atomic<std::uint32_t> status;
   std::atomic<std::uint32_t> attached;  // futex word: ranks registered so far
   std::atomic<std::uint32_t> attach_gen;
+  // placement.hpp: rank + 1 while that rank moves itself to another CPU
+  // (one mover at a time, so two stacked ranks never both move to the same
+  // free CPU); 0 otherwise.
+  std::atomic<std::uint32_t> mover;
   alignas(kLine) std::atomic<std::uint32_t> abort_code;
   std::atomic<std::int32_t> abort_rank;
   char abort_reason[kReasonBytes];

@@ -10,11 +10,12 @@ namespace {
 // After a move, the next one waits at least this long; a move that follows
 // its predecessor within 4x the hold-off doubles it (the scheduler put us
 // back: foreign load, or ranks that outnumber the free CPUs), up to 1 s.
-constexpr std::chrono::microseconds kMinHoldOff{2'000};
+constexpr std::chrono::microseconds kMinHoldOff{200};
 constexpr std::chrono::microseconds kMaxHoldOff{1'000'000};
 }  // namespace
 
-int Unstacker::move_off(int cpu, const std::function<bool(int)>& occupied) {
+int Unstacker::move_off(int cpu, const std::function<bool(int)>& occupied,
+                        const std::function<void(int)>& announce) {
   if (!enabled_ || cpu < 0) return -1;
   const auto now = Clock::now();
   if (moves_ > 0 && now < last_move_ + hold_off_) return -1;
@@ -32,6 +33,7 @@ int Unstacker::move_off(int cpu, const std::function<bool(int)>& occupied) {
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(target, &one);
+  announce(target);
   if (sched_setaffinity(0, sizeof one, &one) != 0) return -1;
   // Back to the caller's own mask at once: we stay on `target` until the
   // scheduler has a reason to move us.

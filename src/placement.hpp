@@ -17,8 +17,10 @@
 // mask: the thread stays where it was moved, and its mask is unchanged).
 // Where no such CPU exists (more ranks than CPUs, or ranks pinned), the
 // waiter skips its spin and yields, which hands the CPU to the peer.
-// Moves are rate-limited with a backoff, so that a scheduler that keeps
-// putting the ranks back together (foreign load) costs little.
+// One rank of a job moves at a time (a claim word in the header): two
+// stacked ranks that both noticed it would otherwise both move, to the same
+// free CPU. Moves are rate-limited with a backoff, so that a scheduler that
+// keeps putting the ranks back together (foreign load) costs little.
 
 #include <sched.h>
 
@@ -42,9 +44,11 @@ class Unstacker {
 
   /// Moves this thread off `cpu` (which the peer it waits for also runs on)
   /// to a CPU of its affinity mask for which `occupied(c)` is false, unless
-  /// a move happened too recently. Returns the CPU it runs on afterwards, or
-  /// -1 when it did not move.
-  int move_off(int cpu, const std::function<bool(int)>& occupied);
+  /// a move happened too recently. `announce(target)` runs just before the
+  /// move, so that peers see where we go before we get there. Returns the
+  /// CPU it runs on afterwards, or -1 when it did not move.
+  int move_off(int cpu, const std::function<bool(int)>& occupied,
+               const std::function<void(int)>& announce);
 
   std::uint64_t moves() const noexcept { return moves_; }
 
