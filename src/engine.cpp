@@ -262,8 +262,49 @@ void Engine::reject(const InvalidArgumentError& e) {
   throw e;
 }
 
-std::shared_ptr<RequestState> Engine::new_state() const {
-  return std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+std::shared_ptr<RequestState> Engine::new_state() {
+  auto st = std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+  // The engine outlives every request it has not completed (~Engine drains
+  // the queue), and help() is only reached for a request not yet done.
+  st->help = [this, raw = st.get()] { help(*raw); };
+  return st;
+}
+
+void Engine::run_front(std::unique_lock<std::mutex>& lock) {
+  Item item = std::move(queue_.front());
+  queue_.pop_front();
+  pending_.store(queue_.size(), std::memory_order_release);
+  running_ = true;
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    run_one(item.op);
+  } catch (...) {
+    error = std::current_exception();
+    if (!item.state) SHMRING_LOG(debug, "a rejected call's marker failed (ignored)");
+  }
+  lock.lock();
+  running_ = false;
+  if (item.state) {
+    // Completed without the engine's lock: the callback may take its own.
+    lock.unlock();
+    item.state->complete(error);
+    lock.lock();
+  }
+}
+
+void Engine::help(RequestState& st) {
+  if (inherited()) return;
+  std::unique_lock lock(mutex_);
+  bool ran = false;
+  while (!st.done_flag.load(std::memory_order_acquire) && !running_ && !queue_.empty()) {
+    run_front(lock);
+    ran = true;
+  }
+  const bool queued = !queue_.empty();
+  lock.unlock();
+  // The progress thread waits for `running_` to drop before it takes more.
+  if (ran && queued) cv_.notify_all();
 }
 
 void Engine::poll_for_work() {
@@ -306,26 +347,7 @@ void Engine::loop() {
     }
     cv_.wait(lock, [&] { return (!queue_.empty() && !running_) || (stop_ && queue_.empty()); });
     if (queue_.empty()) return;  // stop_, all done
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    pending_.store(queue_.size(), std::memory_order_release);
-    running_ = true;
-    lock.unlock();
-    std::exception_ptr error;
-    try {
-      run_one(item.op);
-    } catch (...) {
-      error = std::current_exception();
-      if (!item.state) SHMRING_LOG(debug, "a rejected call's marker failed (ignored)");
-    }
-    lock.lock();
-    running_ = false;
-    if (item.state) {
-      // Completed without the engine's lock: the callback may take its own.
-      lock.unlock();
-      item.state->complete(error);
-      lock.lock();
-    }
+    run_front(lock);
   }
 }
 

@@ -57,7 +57,13 @@ class Engine {
   /// Returns when a request is queued or after the wait policy's spin and
   /// yield phases, whichever comes first.
   void poll_for_work();
-  std::shared_ptr<RequestState> new_state() const;
+  std::shared_ptr<RequestState> new_state();
+  /// Runs queued collectives on the calling thread until `st` is done or
+  /// the progress thread runs one (RequestState::help).
+  void help(RequestState& st);
+  /// Pops and runs the queue's first item with `running_` held; `lock` is
+  /// held on entry and on return.
+  void run_front(std::unique_lock<std::mutex>& lock);
   /// Runs op on this thread; an error that did not already break the
   /// communicator breaks it (every later call must fail as this one did).
   void run_one(const Op& op);

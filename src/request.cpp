@@ -69,6 +69,7 @@ namespace {
 
 bool RequestState::wait_until_done(double timeout_s) {
   if (fork_gen != fork_generation()) throw_inherited();
+  if (timeout_s < 0 && help && !done_flag.load(std::memory_order_acquire)) help();
   // Poll first (bounded by the policy and by the timeout).
   const auto start = Clock::now();
   std::int64_t budget = spin_ns + yield_ns;

@@ -44,6 +44,11 @@ struct RequestState {
   std::function<void(std::exception_ptr)> callback;
   const unsigned fork_gen;  // fork_generation() at creation
   const std::int64_t spin_ns, yield_ns;
+  /// Set by the engine: runs queued collectives on the waiting thread, in
+  /// call order, while the progress thread is not running one, until this
+  /// request is done (so that a wait right after the call saves the hand-off
+  /// to the progress thread and back). Called by untimed waits only.
+  std::function<void()> help;
 };
 
 }  // namespace shmring::detail
