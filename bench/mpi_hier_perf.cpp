@@ -88,7 +88,8 @@ void print_stages(HierBackend& b, const PerfOptions& o) {
     const std::size_t count = static_cast<std::size_t>(s) / 4 / L * L, chunk = count / L;
     std::vector<float> buf(count, 1.0f);
     float* shard = buf.data() + chunk * comm.local_rank();
-    const int iters = std::clamp(static_cast<int>(o.budget_bytes / (count * 4.0)), 3, o.iters);
+    const int iters = std::clamp(static_cast<int>(o.budget_bytes / (count * 4.0)), 3,
+                                 std::max(3, o.iters > 0 ? o.iters : 20));
     const double rs = time(iters, [&] {
       node.reduce_scatter(buf.data(), shard, chunk, DataType::float32, ReduceOp::sum);
     });

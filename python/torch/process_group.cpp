@@ -188,7 +188,11 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::launch(::c10d::OpType type, const 
   // The callback runs on the progress thread (or here, if already complete):
   // it only hands the Work over, moving its reference out so the Work (and
   // its Request) is never destroyed on the progress thread.
+  // A Work that a thread already wait()s for is completed by that thread
+  // (a blocking dist.all_reduce): waking a completion thread for it would
+  // cost a context switch per call on a busy core.
   work->request().on_complete([this, w = work](std::exception_ptr error) mutable {
+    if (w->waited()) return;
     completions_.push(std::move(w), error);
   });
   return work;

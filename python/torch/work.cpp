@@ -56,6 +56,9 @@ bool WorkShmring::wait(std::chrono::milliseconds timeout) {
   // Wait on the request here rather than for a completion thread: a
   // blocking call then costs one hand-off (progress thread -> caller), not two.
   std::exception_ptr error;
+  // Only an untimed wait promises to complete the Work itself (a timed one
+  // may give up and leave it to the completion threads).
+  if (timeout == kNoTimeout) waited_.store(true, std::memory_order_release);
   try {
     if (timeout == kNoTimeout) {
       request_.wait();

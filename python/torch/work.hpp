@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
+#include <atomic>
 
 #include <chrono>
 #include <condition_variable>
@@ -49,6 +50,9 @@ class WorkShmring : public Work {
   /// Takes the started collective's request.
   void set_request(Request request) { request_ = std::move(request); }
   Request& request() { return request_; }
+  /// True once a thread is in wait(): that thread completes this Work
+  /// itself, so the completion threads need not be woken for it.
+  bool waited() const { return waited_.load(std::memory_order_acquire); }
 
   /// Runs the epilogue (once), releases the staging buffers, marks this Work
   /// and its future complete, with `error` when the collective failed.
@@ -64,6 +68,7 @@ class WorkShmring : public Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::mutex complete_mutex_;
   bool completing_ = false;
+  std::atomic<bool> waited_{false};
 };
 
 /// The process group's completion threads: they complete the Works the
