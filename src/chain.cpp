@@ -36,6 +36,14 @@ void read_token(Communicator::Impl& c) {
   c.wait_recv_slot();
   c.release_recv();
 }
+// Along a chain a rank meets only its left neighbour's descriptor, so ranks
+// that agree on a root that others disagree with would return its data.
+// Every rank's descriptor is checked at the end (each was announced at its
+// rank's start, so the wait is short): a mismatch fails every rank.
+void check_every_rank(Communicator::Impl& c) {
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank) c.wait_announced(q);
+}
 }  // namespace
 
 void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
@@ -69,6 +77,7 @@ void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, Dat
     }
   }
   if (pos == 0) read_token(c);
+  check_every_rank(c);
 }
 
 void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -102,6 +111,7 @@ void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size
     }
   }
   if (pos == 1) read_token(c);
+  check_every_rank(c);
 }
 
 }  // namespace shmring::algo

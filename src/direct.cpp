@@ -28,7 +28,8 @@
 //
 // Who checks whom (so that any disagreement is seen by someone):
 //   allreduce, reduce-scatter, allgather, barrier: every rank checks every rank;
-//   broadcast, reduce: the root checks every rank, the others check the root.
+//   broadcast, reduce too: a rank that checked only the root could return
+//   the data of a root that other ranks disagree with.
 
 #include "chunking.hpp"
 #include "comm_impl.hpp"
@@ -102,7 +103,9 @@ void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, Da
   } else {
     c.acquire_direct_buffer();  // keeps every rank's pace bounded the same way
     c.announce();
-    c.wait_announced(root);
+    // Every rank, not just the root: ranks that agree with each other on a
+    // root that others disagree with must fail too, not return its data.
+    wait_all(c);
     if (bytes > 0) c.copy(buffer, buffer_of(c, root), bytes);
   }
 }
@@ -115,7 +118,7 @@ void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::siz
     wait_all(c);
     if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
   } else {
-    c.wait_announced(root);
+    wait_all(c);  // as in broadcast_direct: a root mismatch fails every rank
   }
 }
 

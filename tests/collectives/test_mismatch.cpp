@@ -139,3 +139,30 @@ TEST_CASE("different roots, different operators, and a rank that rejects its arg
       20);
   CHECK(test::all_zero(status));
 }
+
+TEST_CASE(
+    "two ranks agree on a root the third disagrees with: every rank fails, none returns data") {
+  // Found by a new user: ranks 1 and 2 called broadcast(root=1), rank 0
+  // broadcast(root=0); rank 2 checked only its root (or its left neighbour)
+  // and returned root 1's data in 2 of 3 runs. Now each rank checks every
+  // rank's descriptor, on both paths.
+  for (std::size_t count : {std::size_t{10}, std::size_t{200000}}) {
+    for (const char* algo : {"direct", "ring"}) {
+      expect_mismatch(
+          3,
+          [count](Communicator& c) {
+            std::vector<float> x(count, static_cast<float>(c.rank()));
+            c.broadcast(x.data(), count, DataType::float32, c.rank() == 0 ? 0 : 1);
+          },
+          "root", algo);
+      expect_mismatch(
+          3,
+          [count](Communicator& c) {
+            std::vector<float> x(count, 1.0f), y(count);
+            c.reduce(x.data(), y.data(), count, DataType::float32, ReduceOp::sum,
+                     c.rank() == 0 ? 0 : 1);
+          },
+          "root", algo);
+    }
+  }
+}
