@@ -501,6 +501,21 @@ void check_same_type(const char* what, const BufferView& a, const char* a_name, 
                                            to_string(b.dtype())));
 }
 
+// The bindings' own argument errors (buffer conversions, shapes) start with
+// the rank like the core's: a collective's Python entry point is wrapped.
+template <class... A>
+auto ranked(py::object (*f)(PyCommunicator&, A...)) {
+  return [f](PyCommunicator& self, A... args) -> py::object {
+    try {
+      return f(self, std::move(args)...);
+    } catch (const InvalidArgumentError& e) {
+      const std::string m = e.what();
+      if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
+      throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
+    }
+  };
+}
+
 // Runs one collective with the GIL released, holding the one-thread guard.
 template <class F>
 void run_collective(PyCommunicator& self, const char* what, F&& f) {
@@ -769,8 +784,8 @@ every later call raises AbortedError. One thread at a time per Communicator.
           "collective_count", [](PyCommunicator& c) { return c.get().collective_count(); },
           "Collectives issued so far by this rank.")
       .def_property_readonly("closed", &PyCommunicator::closed)
-      .def("allreduce", &allreduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::kw_only(),
-           py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
+      .def("allreduce", ranked(&allreduce), py::arg("buffer"), py::arg("op") = ReduceOp::sum,
+           py::kw_only(), py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
 Allreduce: every rank ends with op over all ranks of `buffer`, element-wise.
 
 buffer: a C-contiguous numpy array, torch CPU tensor (through __dlpack__) or
@@ -789,24 +804,25 @@ argument errors still raise here, the others from Request.wait(). Until the
 request is complete, do not read or write the buffers (they are kept alive
 by the request).
 )doc")
-      .def("reduce_scatter", &reduce_scatter, py::arg("send"), py::arg("out"),
+      .def("reduce_scatter", ranked(&reduce_scatter), py::arg("send"), py::arg("out"),
            py::arg("op") = ReduceOp::sum, py::kw_only(), py::arg("async_op") = false, R"doc(
 Reduce-scatter: rank r's `out` (k elements) receives op over ranks of
 send[r*k:(r+1)*k]; `send` holds size*k elements. In place when `out` is that
 slice of `send` (e.g. out = send[rank*k:(rank+1)*k]). Returns `out`.
 )doc")
-      .def("allgather", &allgather, py::arg("send"), py::arg("out"), py::kw_only(),
+      .def("allgather", ranked(&allgather), py::arg("send"), py::arg("out"), py::kw_only(),
            py::arg("async_op") = false, R"doc(
 Allgather: `out` (size*k elements) receives every rank's `send` (k elements)
 in rank order. In place when `send` is out[rank*k:(rank+1)*k]. Returns `out`.
 )doc")
-      .def("broadcast", &broadcast, py::arg("buffer"), py::arg("root") = 0, py::kw_only(),
+      .def("broadcast", ranked(&broadcast), py::arg("buffer"), py::arg("root") = 0, py::kw_only(),
            py::arg("async_op") = false, R"doc(
 Broadcast: every rank's `buffer` receives root's, in place (the root's may be
 read-only). Returns `buffer`.
 )doc")
-      .def("reduce", &reduce, py::arg("buffer"), py::arg("op") = ReduceOp::sum, py::arg("root") = 0,
-           py::kw_only(), py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
+      .def("reduce", ranked(&reduce), py::arg("buffer"), py::arg("op") = ReduceOp::sum,
+           py::arg("root") = 0, py::kw_only(), py::arg("out") = py::none(),
+           py::arg("async_op") = false, R"doc(
 Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
 used at the root only); the other ranks' buffers are only read. Returns the
 buffer that holds the result at the root.
