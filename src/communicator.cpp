@@ -194,11 +194,19 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
     //     context switch, so the one-shot path wins longer: at N=3 up to
     //     16 KiB (32 KiB: ring 11.9 vs 13.1 us), at N=4 still at 128 KiB
     //     (50-61 vs 58-75 us), past the default direct buffer.
+    //   Oversubscribed, N >= 4 (2-core VM, 2026-11-30): the two-shot path
+    //     beats the one-shot from 32 KiB at N=4 (18.1 vs 19.4 us; 64 KiB:
+    //     28.1 vs 42.3) and from 16 KiB at N=8 (30.8 vs 35.7 us; 64 KiB:
+    //     48.0 vs 94.5), where reading N whole buffers costs more than a
+    //     second synchronisation; below, the one-shot wins (N=8, 8 KiB: 19.8
+    //     vs 22.6 us). Ranks on cores of their own: not measured yet.
     std::uint64_t limit = 4 * 1024;
     if (size == 2)
       limit = 512;
     else if (config.oversubscribed)
       limit = size == 3 ? 16 * 1024 : payload;
+    if (config.oversubscribed && size >= 4 && payload > (size >= 8 ? 8 * 1024 : 16 * 1024))
+      return Algorithm::two_shot;
     if (payload > limit) return Algorithm::ring;
   }
   return Algorithm::direct;
