@@ -32,17 +32,18 @@ def shm_entries(job_id):
         return []
 
 
-def run_ranks(scenario, size, env=None, per_rank_env=None, timeout=240):
-    """Runs rank_worker.py SCENARIO in `size` processes, one per rank, and
-    returns their CompletedProcess-like results (returncode, output)."""
-    job_id = unique_job_id(scenario)
+def run_ranks(scenario, size, env=None, per_rank_env=None, timeout=240, worker="rank_worker.py",
+              tag=None):
+    """Runs WORKER (rank_worker.py) SCENARIO in `size` processes, one per rank,
+    and returns their CompletedProcess-like results (returncode, output)."""
+    job_id = unique_job_id(tag or scenario)
     procs = []
     for rank in range(size):
         e = dict(os.environ)
         e.update(env or {})
         e.update((per_rank_env or {}).get(rank, {}))
         procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "rank_worker.py"), scenario, str(rank), str(size), job_id],
+            [sys.executable, str(HERE / worker), scenario, str(rank), str(size), job_id],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
     try:

@@ -1,33 +1,14 @@
 """Non-blocking collectives (async_op=True) across real processes, one per
 rank (nonblocking_worker.py)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from conftest import HERE, assert_all_ok, shm_entries, unique_job_id
+from conftest import assert_all_ok, run_ranks
 
 
 def run_worker(scenario, size, timeout=240):
-    job_id = unique_job_id("nb-" + scenario)
-    procs = [subprocess.Popen(
-        [sys.executable, str(HERE / "nonblocking_worker.py"), scenario, str(r), str(size), job_id],
-        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(size)]
-    results = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            results.append((p.returncode, out))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert shm_entries(job_id) == [], f"segment left in /dev/shm: {shm_entries(job_id)}"
-    return results
+    return run_ranks(scenario, size, timeout=timeout, worker="nonblocking_worker.py",
+                     tag="nb-" + scenario)
 
 
 @pytest.mark.parametrize("size", [2, 3])
