@@ -183,6 +183,64 @@ class SHMRING_API Communicator {
   /// group has attached.
   Communicator split(int color, int key = 0);
 
+  // ---- The rest of the collective set (issue 14). Same collective-call
+  // rules as above: every rank makes the same calls in the same order, and
+  // the count vectors, displacements, roots and datatypes must agree where
+  // MPI requires them to (a disagreement is MismatchError on every rank).
+  // Counts and displacements are in elements of `dtype`, never bytes.
+
+  /// Alltoall: block j (elements [j*count, (j+1)*count)) of this rank's
+  /// `send` goes to block rank() of rank j's `recv`. `send` and `recv` each
+  /// hold size()*count elements and must not overlap (no in-place form).
+  void alltoall(const void* send, void* recv, std::size_t count, DataType dtype);
+
+  /// Alltoallv (MPI_Alltoallv): send_counts[j] elements at
+  /// send + send_displs[j] go to rank j, which receives them at its
+  /// recv + recv_displs[rank()]; recv_counts[j] must equal rank j's
+  /// send_counts[rank()]. Each span has size() entries. The recv blocks must
+  /// not overlap each other nor the send buffer.
+  void alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displs, void* recv,
+                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                 DataType dtype);
+
+  /// Gather: root's `recv` (size()*count elements) receives every rank's
+  /// `send` (count elements) in rank order; `recv` is ignored (may be null)
+  /// elsewhere. In place at the root when send == recv + root*count.
+  void gather(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+
+  /// Scatter: block r of root's `send` (size()*count elements; ignored, may
+  /// be null, elsewhere) goes to rank r's `recv` (count elements). In place
+  /// at the root when recv == send + root*count.
+  void scatter(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+
+  /// Allgatherv (MPI_Allgatherv): every rank's `send` (send_count elements,
+  /// equal to recv_counts[rank()]) lands at recv + displs[rank()] on every
+  /// rank. recv_counts and displs have size() entries; blocks must not
+  /// overlap. In place when send == recv + displs[rank()].
+  void allgatherv(const void* send, std::size_t send_count, void* recv,
+                  std::span<const std::size_t> recv_counts, std::span<const std::size_t> displs,
+                  DataType dtype);
+
+  /// Reduce-scatter with uneven blocks (MPI_Reduce_scatter): `send` holds
+  /// sum(recv_counts) elements, block r starting at the sum of the counts
+  /// before it; rank r receives in `recv` (recv_counts[r] elements) the
+  /// reduction over ranks of block r. In place when
+  /// recv == send + (offset of block rank()).
+  void reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> recv_counts,
+                        DataType dtype, ReduceOp op);
+
+  // ---- Point-to-point. Not collective: only the two ranks involved take
+  // part. Messages between one (sender, receiver, tag) arrive in the order
+  // they were sent. A receive whose count or datatype differs from the
+  // matching send is MismatchError on both ranks. tag >= 0.
+
+  /// Sends `count` elements of `dtype` to `peer` (!= rank()). May return
+  /// before the receiver has posted its recv (small messages are buffered).
+  void send(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
+  /// Receives `count` elements of `dtype` from `peer` (!= rank()) with `tag`.
+  void recv(void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
+
   template <class T>
   void broadcast(std::span<T> buffer, int root) {
     broadcast(buffer.data(), buffer.size(), datatype_of_v<std::remove_cv_t<T>>, root);
@@ -223,6 +281,24 @@ class SHMRING_API Communicator {
                   int root);
   /// Non-blocking barrier(): complete once every rank has entered it.
   Request ibarrier();
+  /// Non-blocking forms of the calls above (same arguments and errors).
+  Request ialltoall(const void* send, void* recv, std::size_t count, DataType dtype);
+  Request ialltoallv(const void* send, std::span<const std::size_t> send_counts,
+                     std::span<const std::size_t> send_displs, void* recv,
+                     std::span<const std::size_t> recv_counts,
+                     std::span<const std::size_t> recv_displs, DataType dtype);
+  Request igather(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+  Request iscatter(const void* send, void* recv, std::size_t count, DataType dtype, int root);
+  Request iallgatherv(const void* send, std::size_t send_count, void* recv,
+                      std::span<const std::size_t> recv_counts, std::span<const std::size_t> displs,
+                      DataType dtype);
+  Request ireduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> recv_counts,
+                            DataType dtype, ReduceOp op);
+  /// Non-blocking point-to-point: they progress independently of the
+  /// collective queue (an isend/irecv pair posted in any order on the two
+  /// ranks, around collectives, never deadlocks).
+  Request isend(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
+  Request irecv(void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
 
   /// Marks the job aborted: every rank's pending and later collectives throw
   /// AbortedError carrying `reason`. Safe to call from any thread.

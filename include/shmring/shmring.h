@@ -137,6 +137,41 @@ SHMRING_C_API shmring_result_t shmring_ireduce(const void* send, void* recv, siz
                                                int root, shmring_comm_t comm,
                                                shmring_request_t* req);
 SHMRING_C_API shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req);
+/* Issue 14's collectives: the C++ API's alltoall, alltoallv, gather,
+ * scatter, allgatherv, reduce_scatter_v, send and recv (same semantics;
+ * counts and displacements in elements, arrays of size entries). */
+SHMRING_C_API shmring_result_t shmring_alltoall(const void* send, void* recv, size_t count,
+                                                shmring_datatype_t dtype, shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
+                                                 const size_t* send_displs, void* recv,
+                                                 const size_t* recv_counts,
+                                                 const size_t* recv_displs,
+                                                 shmring_datatype_t dtype, shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_gather(const void* send, void* recv, size_t count,
+                                              shmring_datatype_t dtype, int root,
+                                              shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_scatter(const void* send, void* recv, size_t count,
+                                               shmring_datatype_t dtype, int root,
+                                               shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_allgatherv(const void* send, size_t send_count, void* recv,
+                                                  const size_t* recv_counts, const size_t* displs,
+                                                  shmring_datatype_t dtype, shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_reduce_scatter_v(const void* send, void* recv,
+                                                        const size_t* recv_counts,
+                                                        shmring_datatype_t dtype,
+                                                        shmring_reduce_op_t op,
+                                                        shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_send(const void* buffer, size_t count,
+                                            shmring_datatype_t dtype, int peer, int tag,
+                                            shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_recv(void* buffer, size_t count, shmring_datatype_t dtype,
+                                            int peer, int tag, shmring_comm_t comm);
+SHMRING_C_API shmring_result_t shmring_isend(const void* buffer, size_t count,
+                                             shmring_datatype_t dtype, int peer, int tag,
+                                             shmring_comm_t comm, shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_irecv(void* buffer, size_t count, shmring_datatype_t dtype,
+                                             int peer, int tag, shmring_comm_t comm,
+                                             shmring_request_t* req);
 /* Blocks until *req is complete, frees it and sets *req to NULL; returns
  * the collective's result (message: shmring_get_last_error(comm), and
  * shmring_get_last_error(NULL) on this thread). A NULL *req returns
