@@ -463,3 +463,48 @@ TEST_CASE("bad arguments: InvalidArgumentError here, MismatchError on the peers"
   });
   check_all(st);
 }
+
+TEST_CASE("staged collectives interleaved with direct, two-shot and ring ones, many in flight") {
+  // The staged collectives share the direct buffers with the one-shot and
+  // two-shot paths: a rank that runs ahead must never overwrite a buffer a
+  // slower rank still reads. Sizes cross the one-round / many-round line.
+  for (int n : {2, 3, 5}) {
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      for (int it = 0; it < 40; ++it) {
+        const std::size_t k = (it % 4 == 0) ? 40000 : static_cast<std::size_t>(it % 7 + 1);
+        std::vector<std::int32_t> a(k * n), a_out(k * n, -1), g(k * n, -1), s(k, -1);
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = val(me, i + it);
+        std::vector<float> x(k * n, static_cast<float>(me + 1)), y(k * n);
+        std::vector<std::size_t> rc(n, k), d(n);
+        for (int j = 0; j < n; ++j) d[j] = j * k;
+        std::vector<std::int32_t> v_out(k * n, -1);
+        const int root = it % n;
+        std::vector<Request> reqs;
+        reqs.push_back(c.ialltoall(a.data(), a_out.data(), k, DataType::int32));
+        reqs.push_back(c.iallreduce(x.data(), y.data(), k * n, DataType::float32, ReduceOp::sum));
+        reqs.push_back(
+            c.igather(a.data(), me == root ? g.data() : nullptr, k, DataType::int32, root));
+        reqs.push_back(c.iallgatherv(a.data() + me * k, k, v_out.data(), rc, d, DataType::int32));
+        if (it % 2) {
+          for (auto& r : reqs) r.wait();
+          reqs.clear();
+        }
+        c.scatter(a.data(), s.data(), k, DataType::int32, root);
+        c.barrier();
+        for (auto& r : reqs) r.wait();
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < k; ++i) {
+            SHMRING_CHILD_CHECK(a_out[j * k + i] == val(j, me * k + i + it), "alltoall it %d", it);
+            SHMRING_CHILD_CHECK(v_out[j * k + i] == val(j, j * k + i + it), "allgatherv it %d", it);
+            if (me == root) SHMRING_CHILD_CHECK(g[j * k + i] == val(j, i + it), "gather it %d", it);
+          }
+        for (std::size_t i = 0; i < k; ++i)
+          SHMRING_CHILD_CHECK(s[i] == val(root, me * k + i + it), "scatter it %d", it);
+        for (float f : y)
+          SHMRING_CHILD_CHECK(f == static_cast<float>(n * (n + 1) / 2), "allreduce it %d", it);
+      }
+    }));
+  }
+}
