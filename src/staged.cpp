@@ -19,9 +19,9 @@
 //            after each of its readers has taken round k-2.
 //   round 0 - goes out with the descriptor (announce), in direct buffer
 //            c mod 2 (acquire_direct_buffer). It carries the header of a
-//            v-collective, or the whole collective when its largest block
-//            fits one direct lane ("inline": one synchronisation, as the
-//            one-shot direct path), or nothing.
+//            v-collective, then the whole collective when the largest block
+//            of every writer fits one lane of what is left ("inline": one
+//            synchronisation, as the one-shot direct path).
 //   header - the writer's count vectors (N x uint64 each), so that readers
 //            check the exact count they will read against what the writer
 //            sends, and a mismatch is reported with its values on every rank.
@@ -37,19 +37,19 @@
 // once into shared memory and read once out of it):
 //   alltoall(count)      L = N-1; each round a rank writes and reads N-1
 //                        lanes; (N-1)*count*e bytes each way in all.
-//   alltoallv            L = N-1, per-pair slices; header round; R from the
-//                        largest block of any writer (descriptors' aux).
+//   alltoallv            L = N-1, per-pair slices; header in round 0; R
+//                        from the largest block of any writer (aux).
 //   gather(count)        L = 1 (only the root reads); the root reads
 //                        (N-1)*count*e bytes.
 //   scatter(count)       L = N-1; the root writes (N-1)*count*e bytes, every
 //                        other rank reads its count*e.
-//   allgatherv           L = 1 (every rank reads every buffer); header round.
+//   allgatherv           L = 1 (every rank reads every buffer); header.
 //   reduce_scatter_v     L = N (a writer's own block goes through its own
 //                        lane too, so that no source aliases the output); the
 //                        reader of block r reduces lane r of every buffer in
 //                        rank order 0..N-1 (reduce_in_rank_order: the bits of
 //                        the direct reduce_scatter, and float16 / bfloat16
-//                        accumulate wide and round once); header round.
+//                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
@@ -149,14 +149,26 @@ std::size_t lane_index(int w, int j, int n) {
 // The rounds of one staged collective on this rank (see the top comment).
 class Rounds {
  public:
-  Rounds(Communicator::Impl& c, int lanes)
+  /// `header_bytes`: round 0 starts with a header that long (v-collectives);
+  /// its inline data follows at the next 64-byte boundary.
+  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0)
       : c_(c),
         base_(c.staged_rounds),
         lane_direct_(staged_lane_bytes(c.seg->direct_bytes(), lanes)),
         half_slots_(c.seg->slots() * c.seg->slot_bytes() / 2),
-        lane_slots_(staged_lane_bytes(half_slots_, lanes)) {}
+        lane_slots_(staged_lane_bytes(half_slots_, lanes)),
+        inline_offset_(detail::round_up(header_bytes, 64)),
+        lane_inline_(inline_offset_ < c.seg->direct_bytes()
+                         ? staged_lane_bytes(c.seg->direct_bytes() - inline_offset_, lanes)
+                         : 0) {}
 
-  std::size_t lane_direct() const { return lane_direct_; }
+  /// Lane of round 0's inline data, after the header.
+  std::size_t lane_inline() const { return lane_inline_; }
+  std::size_t inline_offset() const { return inline_offset_; }
+  /// Writer q's header (the start of its round-0 buffer).
+  const std::byte* header(int q) {
+    return c_.seg->direct(q, c_.collectives % detail::kDirectBuffers);
+  }
   /// Fixes the data rounds for blocks of at most `largest` bytes (the same
   /// on every rank): through the direct buffers when one direct lane holds
   /// the largest block, else through the halves of the slot area.
@@ -205,17 +217,19 @@ class Rounds {
     c_.staged_rounds = base_ + total;
     c_.staged_done_needed = c_.collectives + 1;
   }
-  /// Round 0 and data rounds without slots: direct buffer (c + k) mod 2.
-  /// Data rounds through the slots: half k mod 2 of the rank's slot area.
+  /// Round 0: the inline data in direct buffer c mod 2, after the header.
+  /// Data rounds without slots: direct buffer (c + k) mod 2; through the
+  /// slots: half k mod 2 of the rank's slot area.
   std::byte* buffer(int r, std::uint64_t k) {
     if (k >= 1 && big_) return c_.seg->slot(r, 0) + (k % 2) * half_slots_;
-    return c_.seg->direct(r, (c_.collectives + k) % detail::kDirectBuffers);
+    return c_.seg->direct(r, (c_.collectives + k) % detail::kDirectBuffers) +
+           (k == 0 ? inline_offset_ : 0);
   }
 
  private:
   Communicator::Impl& c_;
   std::uint64_t base_;
-  std::size_t lane_direct_, half_slots_, lane_slots_;
+  std::size_t lane_direct_, half_slots_, lane_slots_, inline_offset_, lane_inline_;
   bool big_ = false;
   std::uint64_t data_rounds_ = 0;
 };
@@ -244,7 +258,7 @@ void write_header(std::byte* buf, const std::vector<std::size_t>& a,
 
 std::uint64_t header_entry(Rounds& r, int q, std::size_t i) {
   std::uint64_t v = 0;
-  std::memcpy(&v, r.buffer(q, 0) + i * sizeof(std::uint64_t), sizeof(v));
+  std::memcpy(&v, r.header(q) + i * sizeof(std::uint64_t), sizeof(v));
   return v;
 }
 
@@ -315,34 +329,33 @@ void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
 
 namespace {
 
-// Runs the rounds of a staged collective. `header` writes round 0 of a
-// v-collective (the count vectors), or is null; `check` then runs on every
-// rank after the descriptors agree and returns the largest block in bytes.
-// Without a header, a collective whose largest block fits one direct lane
-// moves it in round 0 ("inline"); otherwise round 0 carries nothing.
+// Runs the rounds of a staged collective. `header` writes the start of
+// round 0 of a v-collective (the count vectors), or is null; `check` runs on
+// every rank once the descriptors agree and returns the largest block of any
+// writer in bytes (the same on every rank). A writer whose own largest block
+// (`local_largest`) fits one lane of round 0 (after the header) puts its
+// data there too; when every writer's fits (check() says so), readers take
+// it from round 0 and no data round follows: one synchronisation. Otherwise
+// the data rounds carry everything (an inline copy is ignored).
 // write(buf, slice, lane) fills this writer's buffer with slice `slice` of
 // its blocks; read(k, slice, lane) copies slice `slice` out of the writers'
 // round-k buffers (r.await) into this reader's output.
 template <class IsReader, class Header, class Check, class Write, class Read>
 void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
-                Header header, Check check, Write write, Read read) {
+                std::size_t local_largest, Header header, Check check, Write write, Read read) {
   constexpr bool has_header = !std::is_same_v<Header, std::nullptr_t>;
-  bool inline_data = false;
-  std::size_t largest = 0;
-  if constexpr (!has_header) {
-    largest = check();
-    inline_data = largest <= r.lane_direct();
-  }
+  const std::size_t lane0 = r.lane_inline();
   if (writer) {
     std::byte* buf = r.acquire(0, is_reader);
     if constexpr (has_header) header(buf);
-    if (inline_data) write(buf, 0, r.lane_direct());
+    if (lane0 > 0 && local_largest <= lane0) write(buf + r.inline_offset(), 0, lane0);
     r.post(0);
   }
   announce_and_check(c);
-  if constexpr (has_header) largest = check();
+  const std::size_t largest = check();
+  const bool inline_data = lane0 > 0 && largest <= lane0;
   if (inline_data) {
-    if (reader) read(0, 0, r.lane_direct());
+    if (reader) read(0, 0, lane0);
   } else {
     r.plan(largest);
   }
@@ -372,7 +385,7 @@ void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::s
   if (n == 1) return;
   Rounds r(c, n - 1);
   run_rounds(
-      c, r, true, true, everyone, nullptr, [&] { return bytes; },
+      c, r, true, true, everyone, bytes, nullptr, [&] { return bytes; },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(bytes, si, lane);
         if (s.bytes > 0)
@@ -399,9 +412,12 @@ void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const
   if (v.send_counts[me] > 0)
     c.copy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, v.send_counts[me] * es);
   if (n == 1) return;
-  Rounds r(c, n - 1);
+  std::size_t my_largest = 0;
+  for (int j = 0; j < n; ++j)
+    if (j != me) my_largest = std::max(my_largest, v.send_counts[j] * es);
+  Rounds r(c, n - 1, 2 * static_cast<std::size_t>(n) * sizeof(std::uint64_t));
   run_rounds(
-      c, r, true, true, everyone,
+      c, r, true, true, everyone, my_largest,
       [&](std::byte* buf) { write_header(buf, v.send_counts, &v.recv_counts); },
       [&] {
         check_pairs(c, r, v);
@@ -440,7 +456,7 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
   if (n == 1) return;
   Rounds r(c, 1);
   run_rounds(
-      c, r, me != root, me == root, [root](int q) { return q == root; }, nullptr,
+      c, r, me != root, me == root, [root](int q) { return q == root; }, bytes, nullptr,
       [&] { return bytes; },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(bytes, si, lane);
@@ -465,7 +481,7 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
   if (n == 1) return;
   Rounds r(c, n - 1);
   run_rounds(
-      c, r, me == root, me != root, [root](int q) { return q != root; }, nullptr,
+      c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
       [&] { return bytes; },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(bytes, si, lane);
@@ -491,9 +507,10 @@ void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, cons
   if (my_bytes > 0 && out + v.recv_displs[me] * es != send)
     c.copy(out + v.recv_displs[me] * es, send, my_bytes);
   if (n == 1) return;
-  Rounds r(c, 1);
+  Rounds r(c, 1, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
   run_rounds(
-      c, r, true, true, everyone, [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      c, r, true, true, everyone, my_bytes,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
       [&] {
         check_same_counts(c, r, v.recv_counts);
         return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
@@ -523,12 +540,14 @@ void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv
     if (v.recv_counts[0] > 0 && recv != send) c.copy(recv, send, v.recv_counts[0] * es);
     return;
   }
-  Rounds r(c, n);
+  const std::size_t largest = *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+  Rounds r(c, n, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
   run_rounds(
-      c, r, true, true, everyone, [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      c, r, true, true, everyone, largest,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
       [&] {
         check_same_counts(c, r, v.recv_counts);
-        return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+        return largest;
       },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         // Every block's slice, ours too: in place, out aliases our block of
