@@ -68,6 +68,12 @@ struct alignas(64) Descriptor {
   std::atomic<std::uint32_t> op;
   std::atomic<std::int32_t> root;
   std::atomic<std::uint32_t> algorithm;  // ring or direct
+  // Staged collectives (staged.cpp): a 64-bit hash of the count vectors
+  // (allgatherv, reduce_scatter_v: equal on every rank; alltoallv: this
+  // rank's share of a sum that is 0 when the pairs agree), and `aux`, the
+  // largest block in bytes this rank sends to one peer (alltoallv).
+  std::atomic<std::uint64_t> vhash;
+  std::atomic<std::uint64_t> aux;
 };
 
 /// CPUs a rank's affinity mask can name here (CPU_SETSIZE).
@@ -107,6 +113,8 @@ struct RankArea {
   Counter announced;  // collectives whose descriptor (and direct data) is published
   Counter done;       // collectives this rank has finished
   Counter reduced;    // two-shot: collectives whose reduced chunk this rank published
+  Counter posted;     // staged: rounds this rank has published in its direct buffers
+  Counter taken;      // staged: rounds this rank has finished reading from its writers
   LowLatencyLine low_latency[2];
   RankInfo info;
   Descriptor desc[kDescRing];

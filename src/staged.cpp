@@ -1,0 +1,570 @@
+// Staged collectives: alltoall, alltoallv, gather, scatter, allgatherv and
+// reduce_scatter_v, moved in rounds through buffers of the writer's own in
+// the segment: the direct buffers for small blocks, the slot area for big
+// ones. Nothing grows with N beyond the per-rank areas the segment already has.
+//
+// Terms (reflected in the names below):
+//   writer, reader - a rank that puts data into its own staging buffer, and a
+//            rank that copies (or reduces) it out of the writer's buffer.
+//   block  - the elements one writer sends to one reader over the whole
+//            collective (alltoall: count; gather: the writer's send; ...).
+//   lane   - a fixed part of a writer's buffer that belongs to one reader
+//            (the buffer cut into L equal lanes, each a multiple of 16
+//            bytes); with one reader or a block every reader takes, L = 1.
+//   slice  - the part of a block that travels in one round: slice s is bytes
+//            [s*lane, (s+1)*lane) of the block (empty past its end).
+//   round  - every writer fills its buffer with one slice per reader and
+//            publishes it (posted); its readers copy their slices out and
+//            say so (taken). A writer refills a buffer in round k >= 2 only
+//            after each of its readers has taken round k-2.
+//   round 0 - goes out with the descriptor (announce), in direct buffer
+//            c mod 2 (acquire_direct_buffer). It carries the header of a
+//            v-collective, then the whole collective when the largest block
+//            of every writer fits one lane of what is left ("inline": one
+//            synchronisation, as the one-shot direct path).
+//   header - the writer's count vectors (N x uint64 each), so that readers
+//            check the exact count they will read against what the writer
+//            sends, and a mismatch is reported with its values on every rank.
+//   data rounds k = 1..R carry slice k-1. When the largest block fits one
+//            direct lane they use direct buffer (c + k) mod 2 (free once every
+//            rank has started c, so finished c-1); otherwise ("big") half
+//            k mod 2 of the writer's slot area (K * slot_bytes / 2 bytes, 8x
+//            the direct buffer by default: 8x fewer rounds). The ring reuses
+//            the slots without looking at `taken`, so a big writer waits at
+//            the end until its readers have taken its last round.
+//
+// Per collective (N ranks, e = element bytes, L lanes; every byte is written
+// once into shared memory and read once out of it):
+//   alltoall(count)      L = N-1; each round a rank writes and reads N-1
+//                        lanes; (N-1)*count*e bytes each way in all.
+//   alltoallv            L = N-1, per-pair slices; header in round 0; R
+//                        from the largest block of any writer (aux).
+//   gather(count)        L = 1 (only the root reads); the root reads
+//                        (N-1)*count*e bytes.
+//   scatter(count)       L = N-1; the root writes (N-1)*count*e bytes, every
+//                        other rank reads its count*e.
+//   allgatherv           L = 1 (every rank reads every buffer); header.
+//   reduce_scatter_v     L = N (a writer's own block goes through its own
+//                        lane too, so that no source aliases the output); the
+//                        reader of block r reduces lane r of every buffer in
+//                        rank order 0..N-1 (reduce_in_rank_order: the bits of
+//                        the direct reduce_scatter, and float16 / bfloat16
+//                        accumulate wide and round once); header.
+// A rank's own block never travels: it is copied locally (or left in place).
+//
+// Counters: `posted` and `taken` (RankArea) count rounds of staged
+// collectives since the communicator started, the same on every rank (all
+// ranks run the same rounds: the round counts follow from descriptors that
+// agree), so round k of a collective is `staged_rounds + k` everywhere.
+// The direct buffers are shared with the direct path. A staged collective c
+// may use both, so the next collective to write one (direct or staged,
+// through acquire_direct_buffer) first waits until every rank has finished
+// c (staged_done_needed).
+// Memory ordering: as in direct.cpp (release publish after the copies,
+// acquire wait before reading; a writer reuses a buffer only after an
+// acquire of every reader's `taken`).
+//
+// Mismatches: the descriptor carries kind, count, dtype, op and root
+// (compared by every rank with every rank), plus for v-collectives a hash of
+// the count vectors: allgatherv and reduce_scatter_v compare it (equal
+// recv_counts); alltoallv sums every rank's term sum_j h(i, j, send[j]) -
+// sum_j h(j, i, recv[j]), 0 when the pairs agree (a wrong sum of 0 has a
+// 2^-64 chance; the two ranks of a bad pair still see it exactly in the
+// headers). On a difference each rank finds the offending values in the
+// headers and fails with a MismatchError naming them, so every rank fails.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "comm_impl.hpp"
+#include "reduce_steps.hpp"
+
+namespace shmring::algo {
+
+static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "headers carry counts as uint64");
+
+std::size_t staged_lane_bytes(std::size_t buffer_bytes, int lanes) {
+  if (lanes < 1) lanes = 1;
+  return buffer_bytes / static_cast<std::size_t>(lanes) / 16 * 16;
+}
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t pair_term(int from, int to, std::size_t count) {
+  return mix(mix((static_cast<std::uint64_t>(from) << 32) ^ static_cast<std::uint32_t>(to)) ^
+             count);
+}
+
+}  // namespace
+
+std::uint64_t staged_vector_hash(const std::vector<std::size_t>& counts) {
+  std::uint64_t h = mix(counts.size());
+  for (std::size_t i = 0; i < counts.size(); ++i) h = mix(h ^ mix(counts[i] + i));
+  return h;
+}
+
+std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_counts,
+                               const std::vector<std::size_t>& recv_counts) {
+  std::uint64_t sum = 0;
+  for (std::size_t j = 0; j < send_counts.size(); ++j) {
+    if (static_cast<int>(j) == rank) continue;
+    sum += pair_term(rank, static_cast<int>(j), send_counts[j]);
+    sum -= pair_term(static_cast<int>(j), rank, recv_counts[j]);
+  }
+  return sum;
+}
+
+namespace {
+
+// Bytes [k*lane, (k+1)*lane) of a block of `total` bytes (empty past its end).
+struct Slice {
+  std::size_t begin = 0, bytes = 0;
+};
+Slice slice_of(std::size_t total, std::uint64_t k, std::size_t lane) {
+  if (k >= (total + lane - 1) / lane) return {};
+  const std::size_t begin = static_cast<std::size_t>(k) * lane;
+  return {begin, std::min(lane, total - begin)};
+}
+
+std::uint64_t rounds_for(std::size_t bytes, std::size_t lane) {
+  return (bytes + lane - 1) / lane;
+}
+
+// Lane of reader j in writer w's buffer when the writer's own block does
+// not travel: readers w+1, w+2, ... get lanes 0, 1, ...
+std::size_t lane_index(int w, int j, int n) {
+  return static_cast<std::size_t>((j - w - 1 + n) % n);
+}
+
+// The rounds of one staged collective on this rank (see the top comment).
+class Rounds {
+ public:
+  /// `header_bytes`: round 0 starts with a header that long (v-collectives);
+  /// its inline data follows at the next 64-byte boundary.
+  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0)
+      : c_(c),
+        base_(c.staged_rounds),
+        lane_direct_(staged_lane_bytes(c.seg->direct_bytes(), lanes)),
+        half_slots_(c.seg->slots() * c.seg->slot_bytes() / 2),
+        lane_slots_(staged_lane_bytes(half_slots_, lanes)),
+        inline_offset_(detail::round_up(header_bytes, 64)),
+        lane_inline_(inline_offset_ < c.seg->direct_bytes()
+                         ? staged_lane_bytes(c.seg->direct_bytes() - inline_offset_, lanes)
+                         : 0) {}
+
+  /// Lane of round 0's inline data, after the header.
+  std::size_t lane_inline() const { return lane_inline_; }
+  std::size_t inline_offset() const { return inline_offset_; }
+  /// Writer q's header (the start of its round-0 buffer).
+  const std::byte* header(int q) {
+    return c_.seg->direct(q, c_.collectives % detail::kDirectBuffers);
+  }
+  /// Fixes the data rounds for blocks of at most `largest` bytes (the same
+  /// on every rank): through the direct buffers when one direct lane holds
+  /// the largest block, else through the halves of the slot area.
+  void plan(std::size_t largest) {
+    big_ = largest > lane_direct_ && lane_slots_ > lane_direct_;
+    data_rounds_ = rounds_for(largest, lane());
+    // Every rank has finished the previous collective, so the right
+    // neighbour has read all our ring slices; checked, as it costs nothing.
+    if (big_ && c_.sent > 0)
+      c_.wait_counter(c_.area(c_.right).consumed, c_.sent, c_.right, "ring slices to be read");
+  }
+  std::size_t lane() const { return big_ ? lane_slots_ : lane_direct_; }
+  std::uint64_t data_rounds() const { return data_rounds_; }
+
+  /// My buffer for round k, once every reader (is_reader(q)) has taken
+  /// round k-2 from it.
+  template <class IsReader>
+  std::byte* acquire(std::uint64_t k, IsReader is_reader) {
+    c_.step = static_cast<int>(std::min<std::uint64_t>(k, 1u << 30));
+    if (k == 0) return c_.acquire_direct_buffer();
+    if (k >= 2)
+      for (int q = 0; q < c_.size; ++q)
+        if (q != c_.rank && is_reader(q))
+          c_.wait_counter(c_.area(q).taken, base_ + k - 1, q, "a reader to finish a round");
+    return buffer(c_.rank, k);
+  }
+  void post(std::uint64_t k) { detail::publish(c_.my_area().posted, base_ + k + 1); }
+  /// Writer w's buffer of round k, once w has posted it.
+  const std::byte* await(int w, std::uint64_t k) {
+    c_.step = static_cast<int>(std::min<std::uint64_t>(k, 1u << 30));
+    c_.wait_counter(c_.area(w).posted, base_ + k + 1, w, "staged data");
+    return buffer(w, k);
+  }
+  void taken(std::uint64_t k) { detail::publish(c_.my_area().taken, base_ + k + 1); }
+  /// Ends the collective after round 0 and the data rounds (the same count
+  /// on every rank). A writer whose data went through its slots waits until
+  /// its readers are done with them: the next ring collective rewrites them
+  /// without looking at `taken`.
+  template <class IsReader>
+  void finish(bool writer, IsReader is_reader) {
+    const std::uint64_t total = 1 + data_rounds_;
+    if (big_ && writer)
+      for (int q = 0; q < c_.size; ++q)
+        if (q != c_.rank && is_reader(q))
+          c_.wait_counter(c_.area(q).taken, base_ + total, q, "a reader to finish the collective");
+    c_.staged_rounds = base_ + total;
+    c_.staged_done_needed = c_.collectives + 1;
+  }
+  /// Round 0: the inline data in direct buffer c mod 2, after the header.
+  /// Data rounds without slots: direct buffer (c + k) mod 2; through the
+  /// slots: half k mod 2 of the rank's slot area.
+  std::byte* buffer(int r, std::uint64_t k) {
+    if (k >= 1 && big_) return c_.seg->slot(r, 0) + (k % 2) * half_slots_;
+    return c_.seg->direct(r, (c_.collectives + k) % detail::kDirectBuffers) +
+           (k == 0 ? inline_offset_ : 0);
+  }
+
+ private:
+  Communicator::Impl& c_;
+  std::uint64_t base_;
+  std::size_t lane_direct_, half_slots_, lane_slots_, inline_offset_, lane_inline_;
+  bool big_ = false;
+  std::uint64_t data_rounds_ = 0;
+};
+
+bool everyone(int) {
+  return true;
+}
+
+// Announces (descriptor and round 0 visible), then checks every rank's
+// descriptor: a root or count mismatch fails every rank.
+void announce_and_check(Communicator::Impl& c) {
+  c.announce();
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank) c.wait_announced(q);
+}
+
+const detail::Descriptor& desc_of(Communicator::Impl& c, int q) {
+  return c.area(q).desc[c.collectives % detail::kDescRing];
+}
+
+void write_header(std::byte* buf, const std::vector<std::size_t>& a,
+                  const std::vector<std::size_t>* b = nullptr) {
+  std::memcpy(buf, a.data(), a.size() * sizeof(std::uint64_t));
+  if (b) std::memcpy(buf + a.size() * sizeof(std::uint64_t), b->data(), b->size() * 8);
+}
+
+std::uint64_t header_entry(Rounds& r, int q, std::size_t i) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, r.header(q) + i * sizeof(std::uint64_t), sizeof(v));
+  return v;
+}
+
+// allgatherv / reduce_scatter_v: every rank's recv_counts must equal ours.
+void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::size_t>& counts) {
+  const std::uint64_t mine = staged_vector_hash(counts);
+  const auto n = static_cast<std::size_t>(c.size);
+  for (int q = 0; q < c.size; ++q) {
+    if (q == c.rank) continue;
+    // The entries this rank's reads depend on are compared exactly (q's own
+    // block, and ours as q sees it); the hash covers the rest.
+    const bool exact_ok = header_entry(r, q, static_cast<std::size_t>(q)) == counts[q] &&
+                          header_entry(r, q, static_cast<std::size_t>(c.rank)) == counts[c.rank];
+    if (exact_ok && desc_of(c, q).vhash.load(std::memory_order_relaxed) == mine) continue;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t theirs = header_entry(r, q, i);
+      if (theirs != counts[i])
+        c.fail(MismatchError(fmt::format(
+            "rank {}: collective mismatch in collective #{} {}: rank {} passed recv_counts[{}]={} "
+            "but rank {} passed recv_counts[{}]={}; every rank must pass the same recv_counts",
+            c.rank, c.collectives, c.describe(*c.current), q, i, theirs, c.rank, i, counts[i])));
+    }
+    c.fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch in collective #{} {}: rank {} passed different recv_counts",
+        c.rank, c.collectives, c.describe(*c.current), q)));
+  }
+}
+
+[[noreturn]] void pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
+                                std::uint64_t expected) {
+  c.fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch in collective #{} {}: rank {} sends {} elements to rank {} "
+      "(its send_counts[{}]) but rank {} expects {} (its recv_counts[{}]); recv_counts[i] on rank "
+      "j must equal send_counts[j] on rank i",
+      c.rank, c.collectives, c.describe(*c.current), i, sent, j, j, j, expected, i)));
+}
+
+// alltoallv: rank i's recv_counts[j] must equal rank j's send_counts[i].
+void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
+  const int n = c.size, me = c.rank;
+  // The pairs this rank is part of, exactly.
+  for (int w = 0; w < n; ++w) {
+    if (w == me) continue;
+    const std::uint64_t to_me = header_entry(r, w, static_cast<std::size_t>(me));
+    if (to_me != v.recv_counts[w]) pair_mismatch(c, w, me, to_me, v.recv_counts[w]);
+    const std::uint64_t from_me = header_entry(r, w, static_cast<std::size_t>(n + me));
+    if (from_me != v.send_counts[w]) pair_mismatch(c, me, w, v.send_counts[w], from_me);
+  }
+  // Every other pair, through the sum of the ranks' hash terms.
+  std::uint64_t sum = 0;
+  for (int q = 0; q < n; ++q) sum += desc_of(c, q).vhash.load(std::memory_order_relaxed);
+  if (sum == 0) return;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const std::uint64_t sent = header_entry(r, i, static_cast<std::size_t>(j));
+      const std::uint64_t expected =
+          header_entry(r, j, static_cast<std::size_t>(n) + static_cast<std::size_t>(i));
+      if (sent != expected) pair_mismatch(c, i, j, sent, expected);
+    }
+  c.fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch in collective #{} {}: the ranks' send_counts and recv_counts "
+      "do not match",
+      c.rank, c.collectives, c.describe(*c.current))));
+}
+
+}  // namespace
+
+namespace {
+
+// Runs the rounds of a staged collective. `header` writes the start of
+// round 0 of a v-collective (the count vectors), or is null; `check` runs on
+// every rank once the descriptors agree and returns the largest block of any
+// writer in bytes (the same on every rank). A writer whose own largest block
+// (`local_largest`) fits one lane of round 0 (after the header) puts its
+// data there too; when every writer's fits (check() says so), readers take
+// it from round 0 and no data round follows: one synchronisation. Otherwise
+// the data rounds carry everything (an inline copy is ignored).
+// write(buf, slice, lane) fills this writer's buffer with slice `slice` of
+// its blocks; read(k, slice, lane) copies slice `slice` out of the writers'
+// round-k buffers (r.await) into this reader's output.
+template <class IsReader, class Header, class Check, class Write, class Read>
+void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
+                std::size_t local_largest, Header header, Check check, Write write, Read read) {
+  constexpr bool has_header = !std::is_same_v<Header, std::nullptr_t>;
+  const std::size_t lane0 = r.lane_inline();
+  if (writer) {
+    std::byte* buf = r.acquire(0, is_reader);
+    if constexpr (has_header) header(buf);
+    if (lane0 > 0 && local_largest <= lane0) write(buf + r.inline_offset(), 0, lane0);
+    r.post(0);
+  }
+  announce_and_check(c);
+  const std::size_t largest = check();
+  const bool inline_data = lane0 > 0 && largest <= lane0;
+  if (inline_data) {
+    if (reader) read(0, 0, lane0);
+  } else {
+    r.plan(largest);
+  }
+  if (reader || has_header) r.taken(0);
+  for (std::uint64_t k = 1; k <= r.data_rounds(); ++k) {
+    if (writer) {
+      write(r.acquire(k, is_reader), k - 1, r.lane());
+      r.post(k);
+    }
+    if (reader) {
+      read(k, k - 1, r.lane());
+      r.taken(k);
+    }
+  }
+  r.finish(writer, is_reader);
+}
+
+}  // namespace
+
+void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                     DataType dtype) {
+  const int n = c.size, me = c.rank;
+  const std::size_t bytes = count * datatype_size(dtype);
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  if (bytes > 0) c.copy(out + me * bytes, in + me * bytes, bytes);
+  if (n == 1) return;
+  Rounds r(c, n - 1);
+  run_rounds(
+      c, r, true, true, everyone, bytes, nullptr, [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int j = 0; j < n; ++j)
+            if (j != me)
+              c.copy(buf + lane_index(me, j, n) * lane, in + j * bytes + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int t = 1; t < n; ++t) {
+            const int w = (me - t + n) % n;
+            c.copy(out + w * bytes + s.begin, r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
+          }
+      });
+}
+
+void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                      DataType dtype) {
+  const int n = c.size, me = c.rank;
+  const std::size_t es = datatype_size(dtype);
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  if (v.send_counts[me] > 0)
+    c.copy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, v.send_counts[me] * es);
+  if (n == 1) return;
+  std::size_t my_largest = 0;
+  for (int j = 0; j < n; ++j)
+    if (j != me) my_largest = std::max(my_largest, v.send_counts[j] * es);
+  Rounds r(c, n - 1, 2 * static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, my_largest,
+      [&](std::byte* buf) { write_header(buf, v.send_counts, &v.recv_counts); },
+      [&] {
+        check_pairs(c, r, v);
+        std::size_t largest = 0;  // every writer's largest block, from the descriptors
+        for (int q = 0; q < n; ++q)
+          largest = std::max<std::size_t>(largest, desc_of(c, q).aux.load());
+        return largest;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        for (int j = 0; j < n; ++j) {
+          if (j == me) continue;
+          const Slice s = slice_of(v.send_counts[j] * es, si, lane);
+          if (s.bytes > 0)
+            c.copy(buf + lane_index(me, j, n) * lane, in + v.send_displs[j] * es + s.begin,
+                   s.bytes);
+        }
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
+          if (s.bytes > 0)
+            c.copy(out + v.recv_displs[w] * es + s.begin,
+                   r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
+        }
+      });
+}
+
+void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                   DataType dtype, int root) {
+  const int n = c.size, me = c.rank;
+  const std::size_t bytes = count * datatype_size(dtype);
+  auto* out = static_cast<std::byte*>(recv);
+  if (me == root && bytes > 0 && out + root * bytes != send)
+    c.copy(out + root * bytes, send, bytes);
+  if (n == 1) return;
+  Rounds r(c, 1);
+  run_rounds(
+      c, r, me != root, me == root, [root](int q) { return q == root; }, bytes, nullptr,
+      [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int t = 1; t < n; ++t) {
+            const int w = (me + t) % n;
+            c.copy(out + w * bytes + s.begin, r.await(w, k), s.bytes);
+          }
+      });
+}
+
+void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                    DataType dtype, int root) {
+  const int n = c.size, me = c.rank;
+  const std::size_t bytes = count * datatype_size(dtype);
+  const auto* in = static_cast<const std::byte*>(send);
+  if (me == root && bytes > 0 && recv != in + root * bytes) c.copy(recv, in + root * bytes, bytes);
+  if (n == 1) return;
+  Rounds r(c, n - 1);
+  run_rounds(
+      c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
+      [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int j = 0; j < n; ++j)
+            if (j != root)
+              c.copy(buf + lane_index(root, j, n) * lane, in + j * bytes + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          c.copy(static_cast<std::byte*>(recv) + s.begin,
+                 r.await(root, k) + lane_index(root, me, n) * lane, s.bytes);
+      });
+}
+
+void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                       DataType dtype) {
+  const int n = c.size, me = c.rank;
+  const std::size_t es = datatype_size(dtype);
+  const std::size_t my_bytes = v.recv_counts[me] * es;
+  auto* out = static_cast<std::byte*>(recv);
+  if (my_bytes > 0 && out + v.recv_displs[me] * es != send)
+    c.copy(out + v.recv_displs[me] * es, send, my_bytes);
+  if (n == 1) return;
+  Rounds r(c, 1, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, my_bytes,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      [&] {
+        check_same_counts(c, r, v.recv_counts);
+        return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(my_bytes, si, lane);
+        if (s.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
+          if (s.bytes > 0) c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k), s.bytes);
+        }
+      });
+}
+
+void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
+                             const VectorArgs& v, DataType dtype, ReduceOp op) {
+  const int n = c.size, me = c.rank;
+  const std::size_t es = datatype_size(dtype);
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  std::vector<std::size_t> offset(static_cast<std::size_t>(n), 0);  // of block j, in bytes
+  for (int j = 1; j < n; ++j) offset[j] = offset[j - 1] + v.recv_counts[j - 1] * es;
+  if (n == 1) {
+    if (v.recv_counts[0] > 0 && recv != send) c.copy(recv, send, v.recv_counts[0] * es);
+    return;
+  }
+  const std::size_t largest = *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+  Rounds r(c, n, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, largest,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      [&] {
+        check_same_counts(c, r, v.recv_counts);
+        return largest;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        // Every block's slice, ours too: in place, out aliases our block of
+        // `send`, and the reduction must not read what it writes.
+        for (int j = 0; j < n; ++j) {
+          const Slice s = slice_of(v.recv_counts[j] * es, si, lane);
+          if (s.bytes > 0) c.copy(buf + j * lane, in + offset[j] + s.begin, s.bytes);
+        }
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(v.recv_counts[me] * es, si, lane);
+        if (s.bytes == 0) return;
+        for (int t = 1; t < n; ++t) r.await((me + t) % n, k);
+        reduce_in_rank_order(
+            c, out + s.begin, [&](int q) { return r.buffer(q, k) + me * lane; }, n, s.bytes / es,
+            dtype, op);
+      });
+}
+
+}  // namespace shmring::algo
