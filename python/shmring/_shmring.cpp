@@ -549,6 +549,8 @@ using PyArg = py::object;
 // error raised by the buffer's own export (BufferError...) or by an
 // argument's conversion (TypeError: every argument arrives as an object and
 // is converted here) is told to the peers the same way and raised as it was.
+// Collectives only: a point-to-point call (send/recv) is not in the
+// collective order, and publishing its refusal would shift this rank's.
 template <class... A>
 auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
   return [what, f](PyCommunicator& self, PyArg<A>... args) -> py::object {

@@ -203,7 +203,8 @@ thread_local bool t_launched = false;
 // reached shmring (a TORCH_CHECK refusal, an allocation failure) is told to
 // the peers as this rank's refusal of the call. A guard rather than a
 // try/catch around each body: the refusal must not depend on which check
-// threw, and the exception itself goes on unchanged.
+// threw, and the exception itself goes on unchanged. Collectives only:
+// send/recv are not in the collective order, so their refusals stay local.
 class Refusal {
  public:
   Refusal(ProcessGroupShmring& pg, const char* op)
