@@ -183,6 +183,14 @@ shmring_result_t shmring_comm_abort(shmring_comm_t comm, const char* reason) {
   return guarded(comm, [&] { comm->comm.abort(reason ? reason : "shmring_comm_abort"); });
 }
 
+shmring_result_t shmring_reject(shmring_comm_t comm, const char* collective, const char* reason) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] {
+    comm->comm.reject_call(collective ? collective : "collective",
+                           reason ? reason : "refused by the caller");
+  });
+}
+
 // ---- Non-blocking collectives. ----
 
 shmring_result_t shmring_iallreduce(const void* send, void* recv, size_t count,

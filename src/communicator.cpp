@@ -345,7 +345,7 @@ void Communicator::Impl::check_descriptor(int peer) {
   if (!torn && seq == collectives + 1 && theirs.kind == CollectiveKind::invalid) {
     fail(MismatchError(fmt::format(
         "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
-        "(it rejected its arguments; its InvalidArgumentError says why)",
+        "(it refused its arguments; its own error says why)",
         rank, collectives, describe(mine), peer)));
   }
   if (same) {

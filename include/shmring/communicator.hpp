@@ -303,6 +303,24 @@ class SHMRING_API Communicator {
   Request isend(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
   Request irecv(void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
 
+  /// For binding layers (Python, torch, other languages) whose own argument
+  /// checks refuse a collective before calling it here: call this in its
+  /// place, at the same point of the call order, and the refusal reaches
+  /// the peers like the core's own argument errors. It counts as this rank's
+  /// call of the collective: the peers' matching call (blocking or not)
+  /// fails at once with MismatchError naming this rank ("rank R made an
+  /// invalid call"); the reason itself stays with this rank. Keeps the
+  /// non-blocking call order: with requests pending, the refusal is queued
+  /// behind them (this call still throws at once). When every rank refuses
+  /// the same call, nobody waits and the communicator stays usable;
+  /// otherwise it is broken on every rank (later calls throw AbortedError).
+  /// Always throws: InvalidArgumentError "rank R: <collective>: <reason>"
+  /// once published; AbortedError on a broken communicator (the peers know
+  /// of the earlier error already); InvalidArgumentError in a forked child
+  /// (nothing published). Not for point-to-point calls (send/recv are not in
+  /// the collective order). Same thread rules as the collectives.
+  [[noreturn]] void reject_call(const std::string& collective, const std::string& reason);
+
   /// Marks the job aborted: every rank's pending and later collectives throw
   /// AbortedError carrying `reason`. Safe to call from any thread.
   void abort(const std::string& reason);

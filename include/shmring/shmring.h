@@ -212,6 +212,17 @@ SHMRING_C_API shmring_result_t shmring_request_free(shmring_request_t req);
  * ordered by (key, rank). */
 SHMRING_C_API shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
                                                   shmring_comm_t* newcomm);
+/* For bindings over this API whose own checks refuse a collective before
+ * calling it: call this in its place, at the same point of the call order.
+ * It counts as this rank's call of the collective (queued behind pending
+ * requests): the peers' matching call fails at once with
+ * SHMRING_ERR_MISMATCH naming this rank instead of waiting until the
+ * timeout. Returns SHMRING_ERR_INVALID_ARGUMENT with the message
+ * "rank R: <collective>: <reason>" (shmring_get_last_error), or
+ * SHMRING_ERR_ABORTED on a broken communicator. When every rank refuses the
+ * same call the communicator stays usable. Not for send/recv. */
+SHMRING_C_API shmring_result_t shmring_reject(shmring_comm_t comm, const char* collective,
+                                              const char* reason);
 /* Aborts the job: every rank's collectives fail with SHMRING_ERR_ABORTED. */
 SHMRING_C_API shmring_result_t shmring_comm_abort(shmring_comm_t comm, const char* reason);
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -448,11 +449,21 @@ class PyRequest {
   py::object result_;
 };
 
+// False while a collective's Python entry point (ranked()) runs the bindings'
+// own checks; dispatch() sets it when the call goes on to the core (which
+// tells the peers of its own refusals). An error raised before is refused
+// through Communicator::reject_call, so the peers fail fast too.
+thread_local bool t_core_reached = false;
+
 // Runs one collective: blocking (GIL released, one-thread guard), or started
 // with async_op, giving a shmring.Request that holds `held` until complete.
 template <class Blocking, class Start>
 py::object dispatch(PyCommunicator& self, const char* what, bool async_op, Held& held,
                     py::object result, Blocking&& blocking, Start&& start) {
+  // From here on an error is not a refused argument: the one-thread guard
+  // (another thread is mid-collective, so this one must not publish), a
+  // closed communicator, or the core's own error.
+  t_core_reached = true;
   Communicator& comm = self.get();
   PyCommunicator::Busy busy(self, what);
   if (async_op) {
@@ -501,17 +512,78 @@ void check_same_type(const char* what, const BufferView& a, const char* a_name, 
                                            to_string(b.dtype())));
 }
 
-// The bindings' own argument errors (buffer conversions, shapes) start with
-// the rank like the core's: a collective's Python entry point is wrapped.
-template <class... A>
-auto ranked(py::object (*f)(PyCommunicator&, A...)) {
-  return [f](PyCommunicator& self, A... args) -> py::object {
+// A Python argument of a collective, converted inside ranked() rather than
+// by pybind11 before the call, so that a wrong type (op="sum", root=None)
+// is refused in call order too. TypeError naming the value.
+template <class T>
+const char* expected_type() {
+  if constexpr (std::is_same_v<T, ReduceOp>) return "a shmring.ReduceOp";
+  if constexpr (std::is_same_v<T, bool>) return "a bool";
+  return "an int";
+}
+
+template <class T>
+T from_py(py::object obj, const char* what) {
+  if constexpr (std::is_same_v<T, py::object>) {
+    return obj;
+  } else {
     try {
-      return f(self, std::move(args)...);
+      return obj.cast<T>();
+    } catch (const py::cast_error&) {
+      throw py::type_error(fmt::format("{}: an argument is {} {}, expected {}", what,
+                                       type_name(obj), py::repr(obj).cast<std::string>(),
+                                       expected_type<T>()));
+    }
+  }
+}
+
+template <class T>
+using PyArg = py::object;
+
+// A collective's Python entry point. The bindings' own argument errors
+// (buffer conversions, shapes) happen before the core sees the call: they
+// are told to the peers in call order (Communicator::reject_call), so the
+// peers' matching call fails at once with MismatchError naming this rank
+// instead of waiting until SHMRING_TIMEOUT; here they raise
+// InvalidArgumentError starting with the rank, like the core's. A Python
+// error raised by the buffer's own export (BufferError...) or by an
+// argument's conversion (TypeError: every argument arrives as an object and
+// is converted here) is told to the peers the same way and raised as it was.
+// Collectives only: a point-to-point call (send/recv) is not in the
+// collective order, and publishing its refusal would shift this rank's.
+template <class... A>
+auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
+  return [what, f](PyCommunicator& self, PyArg<A>... args) -> py::object {
+    t_core_reached = false;
+    try {
+      return f(self, from_py<A>(std::move(args), what)...);
     } catch (const InvalidArgumentError& e) {
-      const std::string m = e.what();
+      std::string m = e.what();
+      if (!t_core_reached && !self.closed()) {
+        const std::string prefix = std::string(what) + ": ";
+        if (m.rfind(prefix, 0) == 0) m.erase(0, prefix.size());
+        self.get().reject_call(what, m);
+      }
       if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
       throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
+    } catch (...) {
+      if (t_core_reached || self.closed()) throw;
+      std::string why = "refused by the Python bindings";
+      try {
+        throw;
+      } catch (py::error_already_set& e) {
+        why = e.what();
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      try {
+        self.get().reject_call(what, why);
+      } catch (const Error&) {
+        // Published (or the communicator is broken and the peers know):
+        // the caller gets the original error, which says most.
+      }
+      throw;
     }
   };
 }
@@ -918,6 +990,10 @@ Collective-call rules: every rank calls the same collectives in the same
 order with the same count, datatype and operator; a disagreement raises
 MismatchError on every rank. After any error the communicator is broken and
 every later call raises AbortedError. One thread at a time per Communicator.
+A collective refused by one rank's argument checks (a buffer of the wrong
+dtype, size or layout) raises InvalidArgumentError there and, at once,
+MismatchError naming that rank on the others, never a wait until the
+timeout; refused alike on every rank, the communicator stays usable.
 )doc")
       .def(py::init([](std::optional<int> rank, std::optional<int> size,
                        std::optional<std::string> job_id, std::optional<int> local_rank,
@@ -981,8 +1057,9 @@ every later call raises AbortedError. One thread at a time per Communicator.
           "collective_count", [](PyCommunicator& c) { return c.get().collective_count(); },
           "Collectives issued so far by this rank.")
       .def_property_readonly("closed", &PyCommunicator::closed)
-      .def("allreduce", ranked(&allreduce), py::arg("buffer"), py::arg("op") = ReduceOp::sum,
-           py::kw_only(), py::arg("out") = py::none(), py::arg("async_op") = false, R"doc(
+      .def("allreduce", ranked("allreduce", &allreduce), py::arg("buffer"),
+           py::arg("op") = ReduceOp::sum, py::kw_only(), py::arg("out") = py::none(),
+           py::arg("async_op") = false, R"doc(
 Allreduce: every rank ends with op over all ranks of `buffer`, element-wise.
 
 buffer: a C-contiguous numpy array, torch CPU tensor (through __dlpack__) or
@@ -1001,38 +1078,40 @@ argument errors still raise here, the others from Request.wait(). Until the
 request is complete, do not read or write the buffers (they are kept alive
 by the request).
 )doc")
-      .def("reduce_scatter", ranked(&reduce_scatter), py::arg("send"), py::arg("out"),
-           py::arg("op") = ReduceOp::sum, py::kw_only(), py::arg("async_op") = false, R"doc(
+      .def("reduce_scatter", ranked("reduce_scatter", &reduce_scatter), py::arg("send"),
+           py::arg("out"), py::arg("op") = ReduceOp::sum, py::kw_only(),
+           py::arg("async_op") = false, R"doc(
 Reduce-scatter: rank r's `out` (k elements) receives op over ranks of
 send[r*k:(r+1)*k]; `send` holds size*k elements. In place when `out` is that
 slice of `send` (e.g. out = send[rank*k:(rank+1)*k]). Returns `out`.
 )doc")
-      .def("allgather", ranked(&allgather), py::arg("send"), py::arg("out"), py::kw_only(),
-           py::arg("async_op") = false, R"doc(
+      .def("allgather", ranked("allgather", &allgather), py::arg("send"), py::arg("out"),
+           py::kw_only(), py::arg("async_op") = false, R"doc(
 Allgather: `out` (size*k elements) receives every rank's `send` (k elements)
 in rank order. In place when `send` is out[rank*k:(rank+1)*k]. Returns `out`.
 )doc")
-      .def("broadcast", ranked(&broadcast), py::arg("buffer"), py::arg("root") = 0, py::kw_only(),
-           py::arg("async_op") = false, R"doc(
+      .def("broadcast", ranked("broadcast", &broadcast), py::arg("buffer"), py::arg("root") = 0,
+           py::kw_only(), py::arg("async_op") = false, R"doc(
 Broadcast: every rank's `buffer` receives root's, in place (the root's may be
 read-only). Returns `buffer`.
 )doc")
-      .def("reduce", ranked(&reduce), py::arg("buffer"), py::arg("op") = ReduceOp::sum,
+      .def("reduce", ranked("reduce", &reduce), py::arg("buffer"), py::arg("op") = ReduceOp::sum,
            py::arg("root") = 0, py::kw_only(), py::arg("out") = py::none(),
            py::arg("async_op") = false, R"doc(
 Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
 used at the root only); the other ranks' buffers are only read. Returns the
 buffer that holds the result at the root.
 )doc")
-      .def("alltoall", ranked(&alltoall), py::arg("send"), py::arg("out"), py::kw_only(),
-           py::arg("async_op") = false, R"doc(
+      .def("alltoall", ranked("alltoall", &alltoall), py::arg("send"), py::arg("out"),
+           py::kw_only(), py::arg("async_op") = false, R"doc(
 Alltoall: block j of this rank's `send` goes to block rank of rank j's `out`.
 `send` and `out` hold size*k elements each (same datatype) and must not
 overlap (no in-place form). Returns `out`.
 )doc")
-      .def("alltoallv", ranked(&alltoallv), py::arg("send"), py::arg("send_counts"), py::arg("out"),
-           py::arg("recv_counts"), py::kw_only(), py::arg("send_displs") = py::none(),
-           py::arg("recv_displs") = py::none(), py::arg("async_op") = false, R"doc(
+      .def("alltoallv", ranked("alltoallv", &alltoallv), py::arg("send"), py::arg("send_counts"),
+           py::arg("out"), py::arg("recv_counts"), py::kw_only(),
+           py::arg("send_displs") = py::none(), py::arg("recv_displs") = py::none(),
+           py::arg("async_op") = false, R"doc(
 Alltoallv (MPI_Alltoallv): send_counts[j] elements of `send` starting at
 send_displs[j] go to rank j, which receives them in its `out` at
 recv_displs[rank]. Counts and displacements are sequences of `size` ints, in
@@ -1041,20 +1120,20 @@ recv_counts[j] must equal rank j's send_counts[i] (else MismatchError on
 every rank). Receive blocks must not overlap each other nor `send`; a block
 outside its buffer raises InvalidArgumentError. Returns `out`.
 )doc")
-      .def("gather", ranked(&gather), py::arg("send"), py::arg("out") = py::none(),
+      .def("gather", ranked("gather", &gather), py::arg("send"), py::arg("out") = py::none(),
            py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false, R"doc(
 Gather: the root's `out` (size*k elements) receives every rank's `send`
 (k elements) in rank order; `out` is needed at the root only (ignored
 elsewhere). In place at the root when `send` is out[root*k:(root+1)*k].
 Returns `out` at the root, None elsewhere.
 )doc")
-      .def("scatter", ranked(&scatter), py::arg("send"), py::arg("out"), py::arg("root") = 0,
-           py::kw_only(), py::arg("async_op") = false, R"doc(
+      .def("scatter", ranked("scatter", &scatter), py::arg("send"), py::arg("out"),
+           py::arg("root") = 0, py::kw_only(), py::arg("async_op") = false, R"doc(
 Scatter: block r of the root's `send` (size*k elements; ignored, may be None,
 elsewhere) goes to rank r's `out` (k elements). In place at the root when
 `out` is send[root*k:(root+1)*k]. Returns `out`.
 )doc")
-      .def("allgatherv", ranked(&allgatherv), py::arg("send"), py::arg("out"),
+      .def("allgatherv", ranked("allgatherv", &allgatherv), py::arg("send"), py::arg("out"),
            py::arg("recv_counts"), py::kw_only(), py::arg("displs") = py::none(),
            py::arg("async_op") = false, R"doc(
 Allgatherv (MPI_Allgatherv): rank r's `send` (recv_counts[r] elements) lands
@@ -1063,8 +1142,8 @@ MismatchError everywhere) and displs are sequences of `size` ints, in
 elements; displs default to the blocks packed in rank order. In place when
 `send` is out[displs[rank]:displs[rank]+recv_counts[rank]]. Returns `out`.
 )doc")
-      .def("reduce_scatter_v", ranked(&reduce_scatter_v), py::arg("send"), py::arg("out"),
-           py::arg("recv_counts"), py::arg("op") = ReduceOp::sum, py::kw_only(),
+      .def("reduce_scatter_v", ranked("reduce_scatter_v", &reduce_scatter_v), py::arg("send"),
+           py::arg("out"), py::arg("recv_counts"), py::arg("op") = ReduceOp::sum, py::kw_only(),
            py::arg("async_op") = false, R"doc(
 Reduce-scatter with uneven blocks: `send` holds sum(recv_counts) elements,
 block r after the blocks before it; rank r's `out` (recv_counts[r] elements)

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -44,6 +45,12 @@ std::string random_nonce() {
 // a store): every rank counts itself in, and the ranks of generation g read
 // the nonce rank 0 wrote for g. Generations cannot interleave, since a
 // creation returns only once every rank of it has attached.
+//
+// Every rank must be on rank 0's host. Ranks 1..N-1 write their host first;
+// rank 0 reads them all before it writes the nonce, and writes instead a
+// verdict ("!" and the error) when a host differs or a rank never came, so
+// that every rank, rank 0 and the ranks on its host included, fails with
+// the same message instead of waiting to attach until the timeout.
 Options rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                    std::chrono::milliseconds timeout) {
   TORCH_CHECK(store, "shmring backend: no store given to the process group");
@@ -52,15 +59,49 @@ Options rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int
   const std::int64_t arrival = store->add("shmring/arrivals", 1);
   const std::int64_t generation = (arrival - 1) / size;
   const std::string key = "shmring/nonce/" + std::to_string(generation);
+  auto host_key = [&](int r) {
+    return "shmring/host/" + std::to_string(generation) + "/" + std::to_string(r);
+  };
   const std::string host = host_identity();
   std::string nonce;
   if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < size; ++r) keys.push_back(host_key(r));
+    std::string error;
+    const std::chrono::milliseconds wait_ms = timeout.count() > 0 ? timeout : store->getTimeout();
+    try {
+      store->wait(keys, wait_ms);
+    } catch (const std::exception&) {
+      std::string missing;
+      for (int r = 1; r < size; ++r)
+        if (!store->check({host_key(r)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      error = "shmring backend: rank 0 gave up after " + std::to_string(wait_ms.count()) +
+              " ms waiting for rank(s) " + (missing.empty() ? "?" : missing) +
+              " to join the group (generation " + std::to_string(generation) + " of its store)";
+    }
+    for (int r = 1; r < size && error.empty(); ++r) {
+      const std::vector<std::uint8_t> bytes = store->get(host_key(r));
+      const std::string theirs(bytes.begin(), bytes.end());
+      if (theirs != host)
+        error = "shmring backend: rank " + std::to_string(r) + " runs on host " + theirs +
+                " but rank 0 on " + host +
+                "; every rank of a shmring group must be on one host (use gloo across hosts)";
+    }
+    if (!error.empty()) {
+      const std::string verdict = "!" + error;
+      store->set(key, std::vector<std::uint8_t>(verdict.begin(), verdict.end()));
+      TORCH_CHECK(false, error);
+    }
     nonce = random_nonce();
     const std::string value = nonce + " " + host;
     store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
   } else {
+    store->set(host_key(rank), std::vector<std::uint8_t>(host.begin(), host.end()));
     const std::vector<std::uint8_t> bytes = store->get(key);
     const std::string value(bytes.begin(), bytes.end());
+    TORCH_CHECK(value.empty() || value[0] != '!', "shmring backend: rank ", rank,
+                " cannot join the group: ", value.substr(1));
     const auto space = value.find(' ');
     TORCH_CHECK(space != std::string::npos, "shmring backend: store key ", key, " holds '", value,
                 "', not a shmring nonce");
@@ -152,7 +193,45 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
               " elements, expected ", expected_numel);
 }
 
+// Set when launch() hands a call to shmring (whose own refusals reach the
+// peers by themselves); a Refusal sees whether an error came before that.
+thread_local bool t_launched = false;
+
 }  // namespace
+
+// Guards one collective entry point: an exception leaving it before launch()
+// reached shmring (a TORCH_CHECK refusal, an allocation failure) is told to
+// the peers as this rank's refusal of the call. A guard rather than a
+// try/catch around each body: the refusal must not depend on which check
+// threw, and the exception itself goes on unchanged. Collectives only:
+// send/recv are not in the collective order, so their refusals stay local.
+class Refusal {
+ public:
+  Refusal(ProcessGroupShmring& pg, const char* op)
+      : pg_(pg), op_(op), unwinding_(std::uncaught_exceptions()) {
+    t_launched = false;
+  }
+  ~Refusal() {
+    if (std::uncaught_exceptions() > unwinding_ && !t_launched) pg_.refuse(op_);
+  }
+  Refusal(const Refusal&) = delete;
+  Refusal& operator=(const Refusal&) = delete;
+
+ private:
+  ProcessGroupShmring& pg_;
+  const char* op_;
+  const int unwinding_;
+};
+
+void ProcessGroupShmring::refuse(const char* op) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(call_mutex_);
+    comm_->reject_call(op, "refused by the torch backend (this rank's RuntimeError says why)");
+  } catch (...) {
+    // Published (reject_call always throws), or the group is already broken
+    // and its peers know: either way the caller's error is the one to raise.
+  }
+}
 
 ProcessGroupShmring::ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout)
@@ -180,6 +259,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::launch(::c10d::OpType type, const 
   {
     std::lock_guard<std::mutex> lock(call_mutex_);
     try {
+      t_launched = true;
       work->set_request(start(*comm_));
     } catch (const Error& e) {
       TORCH_CHECK(false, e.what());  // argument errors, or a broken group refusing
@@ -201,6 +281,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::launch(::c10d::OpType type, const 
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::AllreduceOptions& opts) {
   static constexpr const char* kOp = "allreduce";
+  Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
   const DataType dtype = to_datatype(tensor.scalar_type(), kOp);
   const ReduceOp op = to_reduce_op(opts.reduceOp, kOp);
@@ -215,6 +296,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   static constexpr const char* kOp = "allreduce_coalesced";
+  Refusal refusal(*this, kOp);
   TORCH_CHECK(!tensors.empty(), "shmring backend: ", kOp, " got an empty tensor list");
   for (const auto& t : tensors) {
     check_tensor(t, kOp, "input");
@@ -245,6 +327,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
 c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::BroadcastOptions& opts) {
   static constexpr const char* kOp = "broadcast";
+  Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
   check_root(static_cast<int>(opts.rootRank), opts.rootTensor, size_, kOp);
   const int root = static_cast<int>(opts.rootRank);
@@ -258,6 +341,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>&
 c10::intrusive_ptr<Work> ProcessGroupShmring::reduce(std::vector<at::Tensor>& tensors,
                                                      const ::c10d::ReduceOptions& opts) {
   static constexpr const char* kOp = "reduce";
+  Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
   check_root(static_cast<int>(opts.rootRank), opts.rootTensor, size_, kOp);
   const int root = static_cast<int>(opts.rootRank);
@@ -276,6 +360,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const ::c10d::AllgatherOptions& /*opts*/) {
   static constexpr const char* kOp = "allgather";
+  Refusal refusal(*this, kOp);
   const at::Tensor& input = single_tensor(input_tensors, kOp, "input");
   TORCH_CHECK(output_tensors.size() == 1, "shmring backend: ", kOp,
               " takes one output list per process, got ", output_tensors.size());
@@ -307,6 +392,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
 c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::AllgatherOptions& /*opts*/) {
   static constexpr const char* kOp = "_allgather_base";
+  Refusal refusal(*this, kOp);
   check_tensor(input_buffer, kOp, "input");
   check_tensor(output_buffer, kOp, "output");
   check_same(input_buffer, output_buffer, kOp, "the output", size_ * input_buffer.numel());
@@ -324,6 +410,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
     std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
     const ::c10d::ReduceScatterOptions& opts) {
   static constexpr const char* kOp = "reduce_scatter";
+  Refusal refusal(*this, kOp);
   const at::Tensor& output = single_tensor(output_tensors, kOp, "output");
   TORCH_CHECK(input_tensors.size() == 1, "shmring backend: ", kOp,
               " takes one input list per process, got ", input_tensors.size());
@@ -351,6 +438,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
 c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::ReduceScatterOptions& opts) {
   static constexpr const char* kOp = "_reduce_scatter_base";
+  Refusal refusal(*this, kOp);
   check_tensor(input_buffer, kOp, "input");
   check_tensor(output_buffer, kOp, "output");
   check_same(output_buffer, input_buffer, kOp, "the input", size_ * output_buffer.numel());
@@ -374,18 +462,21 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::barrier(const ::c10d::BarrierOptio
 c10::intrusive_ptr<Work> ProcessGroupShmring::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
     const ::c10d::AllgatherOptions&) {
+  Refusal refusal(*this, "allgather_coalesced");
   unsupported("allgather_coalesced");
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::gather(std::vector<std::vector<at::Tensor>>&,
                                                      std::vector<at::Tensor>&,
                                                      const ::c10d::GatherOptions&) {
+  Refusal refusal(*this, "gather");
   unsupported("gather");
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(std::vector<at::Tensor>&,
                                                       std::vector<std::vector<at::Tensor>>&,
                                                       const ::c10d::ScatterOptions&) {
+  Refusal refusal(*this, "scatter");
   unsupported("scatter");
 }
 
@@ -393,12 +484,14 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(at::Tensor&, at::Ten
                                                             std::vector<int64_t>&,
                                                             std::vector<int64_t>&,
                                                             const ::c10d::AllToAllOptions&) {
+  Refusal refusal(*this, "alltoall_base");
   unsupported("all_to_all_single (alltoall_base)");
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>&,
                                                        std::vector<at::Tensor>&,
                                                        const ::c10d::AllToAllOptions&) {
+  Refusal refusal(*this, "alltoall");
   unsupported("all_to_all (alltoall)");
 }
 

@@ -13,10 +13,13 @@
 //
 // Errors: argument errors (dtype, operator, CUDA tensor, several tensors per
 // list, unsupported operation) throw at the call, a c10::Error (RuntimeError
-// in Python) naming the operation. Failures of the collective itself (peer
-// death, timeout, mismatch between ranks) complete the Work and its future
-// with shmring's error on every rank; the group then refuses every later
-// operation with the first error's reason.
+// in Python) naming the operation; a refused collective is also told to the
+// peers in call order, so a refusal on some ranks only is an error on every
+// rank at once (MismatchError naming the refusing rank on the others) and
+// the group is then broken; refused on every rank, it stays usable. Failures of the collective
+// itself (peer death, timeout, mismatch between ranks) complete the Work and its future with
+// shmring's error on every rank; the group then refuses every later operation with the first
+// error's reason.
 
 #include <ATen/ATen.h>
 
@@ -100,6 +103,13 @@ class ProcessGroupShmring : public BackendBase {
                                   std::vector<at::Tensor> result,
                                   std::vector<at::Tensor> keep_alive,
                                   std::function<void()> epilogue, const Start& start);
+
+  /// Tells the peers, in call order, that this rank refused a collective
+  /// (Communicator::reject_call): their matching call fails at once naming
+  /// this rank instead of waiting until the timeout. Never throws: the
+  /// caller's own error is the one to raise here.
+  void refuse(const char* op) noexcept;
+  friend class Refusal;
 
   // Declared before comm_: destroyed after it, so the completions the
   // communicator's destructor delivers still find their threads.

@@ -1,0 +1,174 @@
+// Communicator::reject_call and shmring_reject: a binding layer's refusal of
+// a collective reaches the peers in call order. Refused on one rank, every
+// rank fails at once (the peers with MismatchError naming that rank) and the
+// communicator is broken on all; refused on every rank, it stays usable; a
+// refusal behind pending requests keeps their order.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <numeric>
+#include <vector>
+
+#include "harness.hpp"
+#include "shmring/shmring.h"
+
+using namespace shmring;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Far above the bound checked below: a peer that waited would show.
+Options slow_timeout() {
+  Options o;
+  o.timeout_s = 30;
+  return o;
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Distinct per (rank, index).
+std::vector<float> values(int rank, std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank * 1000 + i);
+  return v;
+}
+
+template <class E, class F>
+std::string expect_throw(int r, F&& f, const char* needle) {
+  try {
+    f();
+  } catch (const E& e) {
+    SHMRING_CHILD_CHECK(std::string(e.what()).find(needle) != std::string::npos,
+                        "rank %d: message '%s' lacks '%s'", r, e.what(), needle);
+    return e.what();
+  } catch (const Error& e) {
+    SHMRING_CHILD_CHECK(false, "rank %d: wrong error (code %d): %s", r, static_cast<int>(e.code()),
+                        e.what());
+  }
+  SHMRING_CHILD_CHECK(false, "rank %d: no error (expected one naming '%s')", r, needle);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a refusal on one rank is an error on every rank at once, then the communicator is "
+    "broken on all") {
+  for (std::size_t n : {std::size_t{8}, std::size_t{300000}}) {  // direct path, then ring
+    auto status = test::run_ranks(
+        3,
+        [n](Communicator& c) {
+          const int r = c.rank();
+          c.barrier();
+          auto t0 = Clock::now();
+          std::vector<float> x = values(r, n);
+          if (r == 1) {
+            expect_throw<InvalidArgumentError>(
+                r, [&] { c.reject_call("allreduce", "buffer: dtype complex64 is not supported"); },
+                "rank 1: allreduce: buffer: dtype complex64");
+          } else {
+            expect_throw<MismatchError>(
+                r, [&] { c.allreduce(x.data(), x.data(), n, DataType::float32, ReduceOp::sum); },
+                "rank 1 made an invalid call");
+          }
+          SHMRING_CHILD_CHECK(since(t0) < 5.0, "rank %d: took %.1f s", r, since(t0));
+          expect_throw<AbortedError>(
+              r, [&] { c.barrier(); }, "unusable");
+        },
+        120, slow_timeout());
+    CHECK(test::all_zero(status));
+  }
+}
+
+TEST_CASE("refused on every rank: nobody waits and the communicator stays usable") {
+  auto status = test::run_ranks(
+      3,
+      [](Communicator& c) {
+        const int r = c.rank();
+        for (int i = 0; i < 100; ++i)  // more than the descriptor ring holds
+          expect_throw<InvalidArgumentError>(
+              r, [&] { c.reject_call("reduce", "bad root"); }, "reduce: bad root");
+        std::vector<float> x = values(r, 1000);
+        c.allreduce(std::span<float>(x), ReduceOp::sum);
+        for (std::size_t i = 0; i < x.size(); ++i)
+          SHMRING_CHILD_CHECK(x[i] == static_cast<float>(3000 + 3 * i), "rank %d: x[%zu] = %g", r,
+                              i, x[i]);
+        SHMRING_CHILD_CHECK(c.collective_count() == 101, "rank %d: %llu collectives", r,
+                            static_cast<unsigned long long>(c.collective_count()));
+      },
+      120, slow_timeout());
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("a refusal behind pending requests keeps the call order") {
+  auto status = test::run_ranks(
+      3,
+      [](Communicator& c) {
+        const int r = c.rank();
+        const std::size_t n = 100000;
+        std::vector<float> a = values(r, n), b = values(r, n);
+        Request ra = c.iallreduce(a.data(), a.data(), n, DataType::float32, ReduceOp::sum);
+        Request rb = c.iallreduce(b.data(), b.data(), n, DataType::float32, ReduceOp::max);
+        Request rc;
+        std::vector<float> z = values(r, n);
+        if (r == 2) {
+          expect_throw<InvalidArgumentError>(
+              r, [&] { c.reject_call("allreduce", "out: wrong size"); }, "rank 2");
+        } else {
+          rc = c.iallreduce(z.data(), z.data(), n, DataType::float32, ReduceOp::sum);
+        }
+        ra.wait();
+        rb.wait();
+        for (std::size_t i = 0; i < n; i += 997) {
+          SHMRING_CHILD_CHECK(a[i] == static_cast<float>(3000 + 3 * i), "rank %d: a[%zu] = %g", r,
+                              i, a[i]);
+          SHMRING_CHILD_CHECK(b[i] == static_cast<float>(2000 + i), "rank %d: b[%zu] = %g", r, i,
+                              b[i]);
+        }
+        if (r != 2)
+          expect_throw<MismatchError>(
+              r, [&] { rc.wait(); }, "rank 2 made an invalid call");
+        expect_throw<AbortedError>(
+            r, [&] { c.barrier(); }, "unusable");
+      },
+      120, slow_timeout());
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("shmring_reject: SHMRING_ERR_INVALID_ARGUMENT here, a mismatch on the peer") {
+  const std::string job = test::unique_job_id("crej");
+  auto status = test::run_processes(2, [&](int r) {
+    setenv("SHMRING_TIMEOUT", "30", 1);
+    shmring_comm_t comm = nullptr;
+    SHMRING_CHILD_CHECK(shmring_comm_init(&comm, r, 2, job.c_str()) == SHMRING_SUCCESS,
+                        "rank %d: init: %s", r, shmring_get_last_error(nullptr));
+    float x[4] = {1, 2, 3, 4};
+    auto t0 = Clock::now();
+    if (r == 0) {
+      shmring_result_t rc = shmring_reject(comm, "allreduce", "send: not a float array");
+      SHMRING_CHILD_CHECK(rc == SHMRING_ERR_INVALID_ARGUMENT, "rank 0: shmring_reject gave %d",
+                          static_cast<int>(rc));
+      const std::string m = shmring_get_last_error(comm);
+      SHMRING_CHILD_CHECK(m.find("rank 0: allreduce: send: not a float array") != std::string::npos,
+                          "rank 0: message '%s'", m.c_str());
+    } else {
+      shmring_result_t rc = shmring_allreduce(x, x, 4, SHMRING_FLOAT32, SHMRING_SUM, comm);
+      SHMRING_CHILD_CHECK(rc == SHMRING_ERR_MISMATCH, "rank 1: allreduce gave %d: %s",
+                          static_cast<int>(rc), shmring_get_last_error(comm));
+      const std::string m = shmring_get_last_error(comm);
+      SHMRING_CHILD_CHECK(m.find("rank 0 made an invalid call") != std::string::npos,
+                          "rank 1: message '%s'", m.c_str());
+    }
+    SHMRING_CHILD_CHECK(since(t0) < 5.0, "rank %d: took %.1f s", r, since(t0));
+    SHMRING_CHILD_CHECK(shmring_barrier(comm) == SHMRING_ERR_ABORTED, "rank %d: barrier after", r);
+    SHMRING_CHILD_CHECK(shmring_reject(nullptr, "x", "y") == SHMRING_ERR_INVALID_ARGUMENT,
+                        "rank %d: NULL comm", r);
+    shmring_comm_destroy(comm);
+  });
+  CHECK(test::all_zero(status));
+}

@@ -1,0 +1,199 @@
+"""One rank of a refusal test: `refusal_worker.py SCENARIO RANK SIZE JOB_ID`.
+
+Started by test_refusals.py through conftest.run_ranks. Rank 1 makes a call
+that the Python bindings refuse before the core sees it (wrong dtype,
+layout, size...); the other ranks make the matching good call. Every rank
+must raise at once (never wait until the timeout): rank 1 its own error,
+the others MismatchError naming rank 1; afterwards the communicator is
+broken on every rank alike (AbortedError). Exits 0 when every check held.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import shmring
+
+BAD_RANK = 1
+# Far above what a refusal may take, far below the communicator's timeout
+# (WORKER_TIMEOUT): a peer that waited for the refusing rank cannot pass.
+FAST_S = 10.0
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def values(rank, count, dtype=np.float32):
+    """Distinct per (rank, index)."""
+    return (np.arange(count) * 3 + rank * 100 + 1).astype(dtype)
+
+
+def released_memoryview():
+    m = memoryview(bytearray(16))
+    m.release()
+    return m
+
+
+# name -> (bad call on rank 1, good call on the others, what rank 1 raises,
+#          words rank 1's message must hold)
+def cases(size):
+    n = 8
+    return {
+        "allreduce_dtype": (
+            lambda c: c.allreduce(np.ones(n, dtype=np.complex64)),
+            lambda c: c.allreduce(values(c.rank, n)),
+            shmring.InvalidArgumentError, ["rank 1", "allreduce", "element format"]),
+        "allreduce_readonly": (
+            lambda c: c.allreduce(np.frombuffer(bytes(4 * n), dtype=np.float32)),
+            lambda c: c.allreduce(values(c.rank, n)),
+            shmring.InvalidArgumentError, ["rank 1", "read-only"]),
+        "allreduce_noncontiguous": (
+            lambda c: c.allreduce(values(c.rank, 2 * n)[::2]),
+            lambda c: c.allreduce(values(c.rank, n)),
+            shmring.InvalidArgumentError, ["rank 1", "not C-contiguous"]),
+        "allreduce_out_mismatch": (
+            lambda c: c.allreduce(values(c.rank, n), out=np.empty(n + 1, dtype=np.float32)),
+            lambda c: c.allreduce(values(c.rank, n), out=np.empty(n, dtype=np.float32)),
+            shmring.InvalidArgumentError, ["rank 1", "out holds"]),
+        "allgather_size": (
+            lambda c: c.allgather(values(c.rank, n), np.empty(size * n - 1, dtype=np.float32)),
+            lambda c: c.allgather(values(c.rank, n), np.empty(size * n, dtype=np.float32)),
+            shmring.InvalidArgumentError, ["rank 1", "allgather", str(size * n - 1)]),
+        "reduce_scatter_size": (
+            lambda c: c.reduce_scatter(values(c.rank, size * n + 1),
+                                       np.empty(n, dtype=np.float32)),
+            lambda c: c.reduce_scatter(values(c.rank, size * n), np.empty(n, dtype=np.float32)),
+            shmring.InvalidArgumentError, ["rank 1", "reduce_scatter", str(size * n + 1)]),
+        "reduce_scatter_dtype": (
+            lambda c: c.reduce_scatter(values(c.rank, size * n, np.float64),
+                                       np.empty(n, dtype=np.float32)),
+            lambda c: c.reduce_scatter(values(c.rank, size * n), np.empty(n, dtype=np.float32)),
+            shmring.InvalidArgumentError, ["rank 1", "float64", "float32"]),
+        "broadcast_readonly": (
+            lambda c: c.broadcast(np.frombuffer(bytes(4 * n), dtype=np.float32), 0),
+            lambda c: c.broadcast(values(c.rank, n), 0),
+            shmring.InvalidArgumentError, ["rank 1", "broadcast", "read-only"]),
+        "reduce_out": (
+            lambda c: c.reduce(values(c.rank, n), root=0, out=np.empty(n, dtype=np.float64)),
+            lambda c: c.reduce(values(c.rank, n), root=0),
+            shmring.InvalidArgumentError, ["rank 1", "reduce", "float64"]),
+        "not_a_buffer": (
+            lambda c: c.allreduce([1.0, 2.0]),
+            lambda c: c.allreduce(values(c.rank, n)),
+            shmring.InvalidArgumentError, ["rank 1", "list"]),
+        # The buffer's own export fails: the Python error stays as it was.
+        "released_memoryview": (
+            lambda c: c.allreduce(released_memoryview()),
+            lambda c: c.allreduce(values(c.rank, n)),
+            ValueError, ["released"]),
+        # Arguments pybind11 would otherwise convert before the call.
+        "op_type": (
+            lambda c: c.allreduce(values(c.rank, n), "sum"),
+            lambda c: c.allreduce(values(c.rank, n), shmring.ReduceOp.SUM),
+            TypeError, ["'sum'", "ReduceOp"]),
+        "root_type": (
+            lambda c: c.broadcast(values(c.rank, n), root=None),
+            lambda c: c.broadcast(values(c.rank, n), root=0),
+            TypeError, ["None", "int"]),
+        # Non-blocking: refused at once, and told to the peers too.
+        "async_dtype": (
+            lambda c: c.allreduce(np.ones(n, dtype=np.complex64), async_op=True),
+            lambda c: c.allreduce(values(c.rank, n), async_op=True).wait(),
+            shmring.InvalidArgumentError, ["rank 1", "allreduce"]),
+    }
+
+
+def expect(fn, exc_type, words):
+    t0 = time.monotonic()
+    try:
+        fn()
+    except exc_type as e:
+        elapsed = time.monotonic() - t0
+        check(elapsed < FAST_S, f"raised after {elapsed:.1f} s: {e}")
+        for w in words:
+            check(w in str(e), f"{type(e).__name__} lacks {w!r}: {e}")
+        return e
+    except Exception as e:  # noqa: BLE001  reported with its type
+        raise AssertionError(f"expected {exc_type.__name__} naming {words}, got "
+                             f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}")
+    raise AssertionError(f"no {exc_type.__name__} (expected one naming {words})")
+
+
+def run_case(comm, name, bad, good, exc_type, words):
+    if comm.rank == BAD_RANK:
+        expect(lambda: bad(comm), exc_type, words)
+    else:
+        expect(lambda: good(comm), shmring.MismatchError,
+               [f"rank {BAD_RANK} made an invalid call"])
+    # Broken alike on every rank, the refusing one included.
+    expect(lambda: comm.allreduce(np.ones(2, dtype=np.float32)), shmring.AbortedError,
+           ["unusable", f"rank {BAD_RANK} made an invalid call"])
+    print(f"{name} ok", flush=True)
+
+
+def scenario_one_rank(rank, size, job_id, timeout, only):
+    """Each case on a communicator of its own (a refusal breaks it)."""
+    for name, case in cases(size).items():
+        if only and name not in only:
+            continue
+        with shmring.Communicator(rank=rank, size=size, job_id=f"{job_id}-{name}",
+                                  timeout=timeout) as comm:
+            run_case(comm, name, *case)
+
+
+def scenario_queued(rank, size, job_id, timeout, only):
+    """A refusal while requests are pending keeps the call order: the pending
+    ones complete with the right values on every rank, the refused call
+    fails on every rank after them."""
+    n = 1000
+    with shmring.Communicator(rank=rank, size=size, job_id=job_id, timeout=timeout) as comm:
+        first = values(rank, n)
+        r1 = comm.allreduce(first, async_op=True)
+        second = values(rank, n) * 2
+        r2 = comm.allreduce(second, async_op=True)
+        if rank == BAD_RANK:
+            expect(lambda: comm.allreduce(np.ones(n, dtype=np.complex64), async_op=True),
+                   shmring.InvalidArgumentError, ["rank 1", "element format"])
+        else:
+            r3 = comm.allreduce(values(rank, n), async_op=True)
+        r1.wait()
+        r2.wait()
+        want = sum(values(r, n) for r in range(size))
+        check(np.array_equal(first, want), "first pending allreduce")
+        check(np.array_equal(second, want * 2), "second pending allreduce")
+        if rank != BAD_RANK:
+            expect(r3.wait, shmring.MismatchError, [f"rank {BAD_RANK} made an invalid call"])
+        expect(lambda: comm.barrier(), shmring.AbortedError, ["unusable"])
+        print("queued ok", flush=True)
+
+
+def scenario_every_rank(rank, size, job_id, timeout, only):
+    """Refused alike on every rank: nobody waits, the communicator stays
+    usable and the next collective is right."""
+    n = 16
+    with shmring.Communicator(rank=rank, size=size, job_id=job_id, timeout=timeout) as comm:
+        for _ in range(3):
+            expect(lambda: comm.allreduce(np.ones(n, dtype=np.complex64)),
+                   shmring.InvalidArgumentError, [f"rank {rank}", "element format"])
+            expect(lambda: comm.allgather(values(rank, n), np.empty(n, dtype=np.float32),
+                                          async_op=True),
+                   shmring.InvalidArgumentError, [f"rank {rank}", "allgather"])
+        buf = values(rank, n)
+        comm.allreduce(buf)
+        check(np.array_equal(buf, sum(values(r, n) for r in range(size))), "allreduce after")
+        print("every rank ok", flush=True)
+
+
+def main():
+    scenario, rank, size, job_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    timeout = float(os.environ.get("WORKER_TIMEOUT", "60"))
+    only = set(filter(None, os.environ.get("WORKER_CASES", "").split(",")))
+    globals()["scenario_" + scenario](rank, size, job_id, timeout, only)
+
+
+if __name__ == "__main__":
+    main()

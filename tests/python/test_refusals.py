@@ -1,0 +1,28 @@
+"""A call the Python bindings refuse on one rank only (wrong dtype, layout,
+size, a buffer that cannot be exported) is an error on every rank at once:
+the refusing rank raises its own error, the others MismatchError naming it,
+well before the timeout; the communicator is then broken on every rank
+alike (AbortedError). Refused on every rank, it stays usable."""
+
+import pytest
+
+from conftest import assert_all_ok, run_ranks
+
+# A peer that waits for the refusing rank would wait this long, then fail.
+ENV = {"WORKER_TIMEOUT": "60"}
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_refused_on_one_rank_fails_fast_everywhere(size):
+    results = run_ranks("one_rank", size, env=ENV, worker="refusal_worker.py")
+    assert_all_ok(results)
+    for _, out in results:
+        assert "allreduce_dtype ok" in out and "async_dtype ok" in out
+
+
+def test_refusal_behind_pending_requests_keeps_call_order():
+    assert_all_ok(run_ranks("queued", 3, env=ENV, worker="refusal_worker.py"))
+
+
+def test_refused_on_every_rank_keeps_the_communicator_usable():
+    assert_all_ok(run_ranks("every_rank", 3, env=ENV, worker="refusal_worker.py"))

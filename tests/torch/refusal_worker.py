@@ -1,0 +1,138 @@
+"""One rank of a torch refusal test (tests/torch/test_refusals.py).
+
+    refusal_worker.py SCENARIO RANK SIZE INIT OUTDIR
+
+Rank 1 makes a call the backend refuses (unsupported operator, a sparse
+tensor, several tensors per list, sizes that disagree, an
+unsupported operation) while the others make a good one: every rank must
+raise at once, rank 1 the backend's refusal, the others shmring's mismatch
+naming rank 1, and the group is then broken on every rank. Each case runs
+on a group of its own (dist.new_group). Exits 0 when every check held.
+"""
+
+import datetime
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import shmring.torch  # noqa: F401  registers "shmring"
+from torch_worker import check, expect_error, report_job, values
+
+BAD = 1
+FAST_S = 15.0  # far below the groups' 60 s timeout
+
+
+def cases(rank, size):
+    n = 6
+
+    def sum_(g, async_op=False):
+        t = values(rank, n, "SUM", torch.int32)
+        w = dist.all_reduce(t, group=g, async_op=async_op)
+        if async_op:
+            w.wait()
+
+    return {
+        "band": (lambda g: dist.all_reduce(values(rank, n, "SUM", torch.int32),
+                                           op=dist.ReduceOp.BAND, group=g),
+                 sum_, ["BAND"]),
+        "band_async": (lambda g: dist.all_reduce(values(rank, n, "SUM", torch.int32),
+                                                 op=dist.ReduceOp.BAND, group=g, async_op=True),
+                       lambda g: sum_(g, async_op=True), ["BAND"]),
+        # (A CUDA or meta tensor never reaches the backend on a CPU-only
+        # torch: the dispatcher refuses it the same on every rank.)
+        "sparse": (lambda g: dist.all_reduce(torch.ones(n, dtype=torch.int32).to_sparse(),
+                                             group=g),
+                   sum_, ["layout"]),
+        "two_tensors": (lambda g: g.allreduce([values(rank, n, "SUM", torch.int32),
+                                               values(rank, n, "SUM", torch.int32)]),
+                        sum_, ["exactly one"]),
+        "dtype": (lambda g: dist.all_reduce(torch.ones(n, dtype=torch.int16), group=g),
+                  sum_, ["int16"]),
+        "allgather_list": (
+            lambda g: dist.all_gather([torch.empty(n) for _ in range(size - 1)],
+                                      torch.ones(n), group=g),
+            lambda g: dist.all_gather([torch.empty(n) for _ in range(size)], torch.ones(n),
+                                      group=g),
+            ["group size"]),
+        "allgather_numel": (
+            lambda g: dist.all_gather([torch.empty(n + 1) for _ in range(size)],
+                                      torch.ones(n), group=g),
+            lambda g: dist.all_gather([torch.empty(n) for _ in range(size)], torch.ones(n),
+                                      group=g),
+            ["elements"]),
+        "reduce_scatter_base": (
+            lambda g: dist._reduce_scatter_base(torch.empty(n), torch.ones(size * n + 1),
+                                                group=g),
+            lambda g: dist._reduce_scatter_base(torch.empty(n), torch.ones(size * n), group=g),
+            ["elements"]),
+        "broadcast_root": (lambda g: g.broadcast([torch.ones(n)], _bad_root_opts(size)),
+                           lambda g: dist.broadcast(torch.ones(n), src=0, group=g), ["root"]),
+        # An operation the backend lacks, on rank 1 only, against the
+        # others' all_reduce.
+        "unsupported": (lambda g: dist.all_to_all_single(torch.empty(size), torch.ones(size),
+                                                         group=g),
+                        sum_, ["does not support"]),
+    }
+
+
+def _bad_root_opts(size):
+    o = dist.BroadcastOptions()
+    o.rootRank = size
+    o.rootTensor = 0
+    return o
+
+
+def timed(fn, *needles):
+    t0 = time.monotonic()
+    msg = expect_error(fn, *needles)
+    elapsed = time.monotonic() - t0
+    check(elapsed < FAST_S, f"error after {elapsed:.1f} s: {msg}")
+    return msg
+
+
+def scenario_one_rank(rank, size):
+    for name, (bad, good, words) in cases(rank, size).items():
+        g = dist.new_group(list(range(size)))
+        report_job(g)
+        if rank == BAD:
+            timed(lambda: bad(g), *words)
+        else:
+            timed(lambda: good(g), f"rank {BAD} made an invalid call")
+        # Broken on every rank alike, the refusing one included.
+        timed(lambda: dist.all_reduce(torch.ones(2), group=g), "unusable",
+              f"rank {BAD} made an invalid call")
+        dist.destroy_process_group(g)
+        print(f"{name} ok", flush=True)
+    # The default group never saw any of it.
+    t = values(rank, 10, "SUM", torch.float32)
+    dist.all_reduce(t)
+    check(torch.equal(t, sum(values(r, 10, "SUM", torch.float32) for r in range(size))),
+          "default group after the refusals")
+    print("one_rank ok", flush=True)
+
+
+def main():
+    scenario, rank, size, init_method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
+        sys.argv[4]
+    kw = dict(timeout=datetime.timedelta(seconds=60))
+    if scenario == "host":
+        # Rank 1 runs under another hostname (the test puts it in a UTS
+        # namespace of its own): every rank fails to make the group, quickly.
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.init_process_group(
+            "shmring", init_method=init_method, rank=rank, world_size=size, **kw),
+            "rank 1 runs on host", "one host")
+        elapsed = time.monotonic() - t0
+        check(elapsed < FAST_S, f"host mismatch took {elapsed:.1f} s: {msg}")
+        print("host ok:", msg, flush=True)
+        return
+    dist.init_process_group("shmring", init_method=init_method, rank=rank, world_size=size, **kw)
+    report_job(dist.distributed_c10d._get_default_group())
+    globals()["scenario_" + scenario](rank, size)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

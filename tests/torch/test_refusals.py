@@ -1,0 +1,56 @@
+"""A collective the torch backend refuses on one rank only (unsupported
+operator or operation, a tensor not on the CPU, several tensors per list,
+sizes that disagree) is an error on every rank at once, never a wait until
+the timeout: the refusing rank raises the backend's RuntimeError, the
+others shmring's mismatch naming it; the group is then broken on every
+rank. A host mismatch at group creation fails every rank, rank 0 included."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, assert_all_ok, finish_job
+
+WORKER = HERE / "refusal_worker.py"
+
+
+def start(scenario, size, tmp, wrap=None):
+    store = tmp / f"{scenario}.store"
+    procs = []
+    for rank in range(size):
+        cmd = [sys.executable, str(WORKER), scenario, str(rank), str(size), f"file://{store}",
+               str(tmp)]
+        if wrap and rank in wrap:
+            cmd = wrap[rank](cmd)
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    return procs
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_refused_on_one_rank_fails_fast_everywhere(tmp, size):
+    results = finish_job(start("one_rank", size, tmp))
+    assert_all_ok(results)
+    for _, out in results:
+        assert "one_rank ok" in out
+
+
+def can_unshare_uts():
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not can_unshare_uts(), reason="needs unshare --uts (root or user namespaces)")
+def test_host_mismatch_fails_every_rank(tmp):
+    """Rank 1 sees another hostname: rank 0 (which used to wait to attach
+    until the timeout) and rank 2 (on rank 0's host) fail too."""
+    def other_host(cmd):
+        return ["unshare", "--uts", "sh", "-c", 'hostname shmring-elsewhere && exec "$@"', "sh"] \
+            + cmd
+    results = finish_job(start("host", 3, tmp, wrap={1: other_host}))
+    assert_all_ok(results)
+    for _, out in results:
+        assert "shmring-elsewhere" in out
