@@ -230,6 +230,125 @@ shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req) {
   return start(comm, req, __func__, [&] { return comm->comm.ibarrier(); });
 }
 
+// ---- Issue 14's collectives (blocking and non-blocking). ----
+
+}  // extern "C"
+
+namespace {
+// A C array of size() entries as a span; NULL gives an empty span, which
+// the front refuses (InvalidArgumentError, published to the peers).
+std::span<const std::size_t> entries(shmring_comm_t comm, const size_t* a) {
+  if (a == nullptr) return {};
+  return {a, static_cast<std::size_t>(comm->comm.size())};
+}
+}  // namespace
+
+extern "C" {
+
+shmring_result_t shmring_alltoall(const void* send, void* recv, size_t count,
+                                  shmring_datatype_t dtype, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.alltoall(send, recv, count, dt(dtype)); });
+}
+
+shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
+                                   const size_t* send_displs, void* recv, const size_t* recv_counts,
+                                   const size_t* recv_displs, shmring_datatype_t dtype,
+                                   shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] {
+    comm->comm.alltoallv(send, entries(comm, send_counts), entries(comm, send_displs), recv,
+                         entries(comm, recv_counts), entries(comm, recv_displs), dt(dtype));
+  });
+}
+
+shmring_result_t shmring_gather(const void* send, void* recv, size_t count,
+                                shmring_datatype_t dtype, int root, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.gather(send, recv, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_scatter(const void* send, void* recv, size_t count,
+                                 shmring_datatype_t dtype, int root, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.scatter(send, recv, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_allgatherv(const void* send, size_t send_count, void* recv,
+                                    const size_t* recv_counts, const size_t* displs,
+                                    shmring_datatype_t dtype, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] {
+    comm->comm.allgatherv(send, send_count, recv, entries(comm, recv_counts), entries(comm, displs),
+                          dt(dtype));
+  });
+}
+
+shmring_result_t shmring_reduce_scatter_v(const void* send, void* recv, const size_t* recv_counts,
+                                          shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                          shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] {
+    comm->comm.reduce_scatter_v(send, recv, entries(comm, recv_counts), dt(dtype), op(o));
+  });
+}
+
+shmring_result_t shmring_ialltoall(const void* send, void* recv, size_t count,
+                                   shmring_datatype_t dtype, shmring_comm_t comm,
+                                   shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.ialltoall(send, recv, count, dt(dtype)); });
+}
+
+shmring_result_t shmring_ialltoallv(const void* send, const size_t* send_counts,
+                                    const size_t* send_displs, void* recv,
+                                    const size_t* recv_counts, const size_t* recv_displs,
+                                    shmring_datatype_t dtype, shmring_comm_t comm,
+                                    shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__, [&] {
+    return comm->comm.ialltoallv(send, entries(comm, send_counts), entries(comm, send_displs), recv,
+                                 entries(comm, recv_counts), entries(comm, recv_displs), dt(dtype));
+  });
+}
+
+shmring_result_t shmring_igather(const void* send, void* recv, size_t count,
+                                 shmring_datatype_t dtype, int root, shmring_comm_t comm,
+                                 shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.igather(send, recv, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_iscatter(const void* send, void* recv, size_t count,
+                                  shmring_datatype_t dtype, int root, shmring_comm_t comm,
+                                  shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.iscatter(send, recv, count, dt(dtype), root); });
+}
+
+shmring_result_t shmring_iallgatherv(const void* send, size_t send_count, void* recv,
+                                     const size_t* recv_counts, const size_t* displs,
+                                     shmring_datatype_t dtype, shmring_comm_t comm,
+                                     shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__, [&] {
+    return comm->comm.iallgatherv(send, send_count, recv, entries(comm, recv_counts),
+                                  entries(comm, displs), dt(dtype));
+  });
+}
+
+shmring_result_t shmring_ireduce_scatter_v(const void* send, void* recv, const size_t* recv_counts,
+                                           shmring_datatype_t dtype, shmring_reduce_op_t o,
+                                           shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__, [&] {
+    return comm->comm.ireduce_scatter_v(send, recv, entries(comm, recv_counts), dt(dtype), op(o));
+  });
+}
+
 shmring_result_t shmring_wait(shmring_request_t* req) {
   if (req == nullptr) return null_output(nullptr, __func__, "req");
   shmring_request_t r = *req;

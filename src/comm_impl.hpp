@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "layout.hpp"
 #include "placement.hpp"
@@ -27,6 +28,12 @@ enum class CollectiveKind : std::uint32_t {
   broadcast = 4,
   reduce = 5,
   barrier = 6,
+  alltoall = 7,
+  alltoallv = 8,
+  gather = 9,
+  scatter = 10,
+  allgatherv = 11,
+  reduce_scatter_v = 12,
   invalid = 0xff,  ///< a call this rank rejected (bad arguments)
 };
 const char* to_string(CollectiveKind k);
@@ -36,6 +43,7 @@ enum class Algorithm : std::uint32_t {
   ring = 1,      ///< pipelined slices around the ring (large messages)
   direct = 2,    ///< one-shot: every rank publishes its data once, readers take it (small)
   two_shot = 3,  ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
+  staged = 4,    ///< rounds through the direct buffers (alltoall, gather, ...; staged.cpp)
 };
 const char* to_string(Algorithm a);
 
@@ -47,6 +55,15 @@ struct CollectiveDesc {
   ReduceOp op;
   int root;
   Algorithm algorithm = Algorithm::ring;
+  std::uint64_t vhash = 0;  ///< staged v-collectives: hash of the count vectors
+  std::uint64_t aux = 0;    ///< staged: data rounds this rank needs as a writer
+};
+
+/// The count and displacement vectors of a v-collective (size() entries
+/// each, in elements), copied from the caller's spans so that a queued
+/// request does not depend on them. Unused vectors stay empty.
+struct VectorArgs {
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
 };
 
 /// One collective call, as the front (argument checks, descriptor, choice
@@ -58,6 +75,7 @@ struct Op {
   const void* send = nullptr;
   void* recv = nullptr;   ///< broadcast: the buffer
   std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
+  std::shared_ptr<const VectorArgs> v = nullptr;  ///< alltoallv, allgatherv, reduce_scatter_v
 };
 
 namespace detail {
@@ -75,10 +93,14 @@ struct Communicator::Impl {
   int rank = 0, size = 1, left = 0, right = 0;
 
   // Ring edge state, all in slices (never reset, like the shared counters).
-  std::uint64_t sent = 0;         // slices published into my slots (== my produced)
-  std::uint64_t recvd = 0;        // slices of my left neighbour consumed (== my consumed)
-  std::uint64_t collectives = 0;  // sequence number of the current / next collective
-  std::uint64_t splits = 0;       // split() calls so far (names sub-communicators)
+  std::uint64_t sent = 0;           // slices published into my slots (== my produced)
+  std::uint64_t recvd = 0;          // slices of my left neighbour consumed (== my consumed)
+  std::uint64_t collectives = 0;    // sequence number of the current / next collective
+  std::uint64_t splits = 0;         // split() calls so far (names sub-communicators)
+  std::uint64_t staged_rounds = 0;  // rounds of staged collectives so far (== my posted)
+  // done counter every rank must reach before a direct buffer is rewritten:
+  // a staged collective c reads both buffers, so it sets c + 1.
+  std::uint64_t staged_done_needed = 0;
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;
@@ -220,6 +242,29 @@ void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::siz
 void barrier_direct(Communicator::Impl& c);
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op);
+// Staged algorithms through the direct buffers, in rounds (staged.cpp).
+// Any world size (size 1: the local copy only).
+void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                     DataType dtype);
+void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                      DataType dtype);
+void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                   DataType dtype, int root);
+void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                    DataType dtype, int root);
+void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                       DataType dtype);
+void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
+                             const VectorArgs& v, DataType dtype, ReduceOp op);
+/// Bytes per lane when a direct buffer is cut into `lanes` equal lanes (a
+/// multiple of 16, so whole elements of every datatype); 0 if too small.
+std::size_t staged_lane_bytes(std::size_t buffer_bytes, int lanes);
+/// Hash of a count vector (equal vectors, equal hashes).
+std::uint64_t staged_vector_hash(const std::vector<std::size_t>& counts);
+/// This rank's term of the alltoallv pair sum (0 over all ranks when every
+/// recv_counts[j] of rank i equals send_counts[i] of rank j).
+std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_counts,
+                               const std::vector<std::size_t>& recv_counts);
 }  // namespace algo
 
 }  // namespace shmring

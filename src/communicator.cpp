@@ -12,6 +12,7 @@
 #include "comm_impl.hpp"
 #include "config.hpp"
 #include "engine.hpp"
+#include "front_checks.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 #include "log.hpp"
@@ -30,6 +31,8 @@ const char* to_string(Algorithm a) {
       return "direct";
     case Algorithm::two_shot:
       return "two-shot";
+    case Algorithm::staged:
+      return "staged";
   }
   return "unknown";
 }
@@ -48,6 +51,18 @@ const char* to_string(CollectiveKind k) {
       return "reduce";
     case CollectiveKind::barrier:
       return "barrier";
+    case CollectiveKind::alltoall:
+      return "alltoall";
+    case CollectiveKind::alltoallv:
+      return "alltoallv";
+    case CollectiveKind::gather:
+      return "gather";
+    case CollectiveKind::scatter:
+      return "scatter";
+    case CollectiveKind::allgatherv:
+      return "allgatherv";
+    case CollectiveKind::reduce_scatter_v:
+      return "reduce_scatter_v";
     case CollectiveKind::invalid:
       return "an invalid call";
   }
@@ -57,11 +72,16 @@ const char* to_string(CollectiveKind k) {
 std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
   if (d.kind == CollectiveKind::invalid) return "an invalid call (rejected its arguments)";
   if (d.kind == CollectiveKind::barrier) return "barrier()";
+  if (d.kind == CollectiveKind::alltoallv || d.kind == CollectiveKind::allgatherv)
+    return fmt::format("{}({})", to_string(d.kind), to_string(d.dtype));
+  if (d.kind == CollectiveKind::reduce_scatter_v)
+    return fmt::format("{}({}, {})", to_string(d.kind), to_string(d.dtype), to_string(d.op));
   std::string s = fmt::format("{}(count={}, {}", to_string(d.kind), d.count, to_string(d.dtype));
   if (d.kind == CollectiveKind::allreduce || d.kind == CollectiveKind::reduce ||
       d.kind == CollectiveKind::reduce_scatter)
     s += fmt::format(", {}", to_string(d.op));
-  if (d.kind == CollectiveKind::broadcast || d.kind == CollectiveKind::reduce)
+  if (d.kind == CollectiveKind::broadcast || d.kind == CollectiveKind::reduce ||
+      d.kind == CollectiveKind::gather || d.kind == CollectiveKind::scatter)
     s += fmt::format(", root={}", d.root);
   return s + ")";
 }
@@ -255,6 +275,8 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   desc.op.store(static_cast<std::uint32_t>(d.op), std::memory_order_relaxed);
   desc.root.store(d.root, std::memory_order_relaxed);
   desc.algorithm.store(static_cast<std::uint32_t>(d.algorithm), std::memory_order_relaxed);
+  desc.vhash.store(d.vhash, std::memory_order_relaxed);
+  desc.aux.store(d.aux, std::memory_order_relaxed);
   desc.seq.store(collectives + 1, std::memory_order_release);
   if (d.algorithm == Algorithm::ring) announce();
 }
@@ -271,8 +293,12 @@ void Communicator::Impl::wait_announced(int peer) {
 std::byte* Communicator::Impl::acquire_direct_buffer() {
   // Buffer (c mod 2) was last read in collective c-2: every rank must have
   // finished that one.
-  if (collectives >= detail::kDirectBuffers) {
-    const std::uint64_t need = collectives - detail::kDirectBuffers + 1;
+  // A staged collective (staged.cpp) used both buffers: wait until every
+  // rank has finished it too.
+  std::uint64_t need = std::max(staged_done_needed, collectives >= detail::kDirectBuffers
+                                                        ? collectives - detail::kDirectBuffers + 1
+                                                        : std::uint64_t{0});
+  if (need > 0) {
     for (int q = 0; q < size; ++q)
       if (q != rank) wait_counter(area(q).done, need, q, "the end of an earlier collective");
   }
@@ -300,9 +326,9 @@ void Communicator::Impl::check_descriptor(int peer) {
   std::atomic_thread_fence(std::memory_order_acquire);
   bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
   const CollectiveDesc& mine = *current;
-  const bool has_op = mine.kind == CollectiveKind::allreduce ||
-                      mine.kind == CollectiveKind::reduce ||
-                      mine.kind == CollectiveKind::reduce_scatter;
+  const bool has_op =
+      mine.kind == CollectiveKind::allreduce || mine.kind == CollectiveKind::reduce ||
+      mine.kind == CollectiveKind::reduce_scatter || mine.kind == CollectiveKind::reduce_scatter_v;
   const bool has_dtype = mine.kind != CollectiveKind::barrier;
   bool same = !torn && seq == collectives + 1 && theirs.kind == mine.kind &&
               theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
@@ -532,10 +558,11 @@ void Communicator::abort(const std::string& reason) {
   // `broken` is only written by the thread running collectives.
 }
 
-namespace {
+namespace front {
 
 // Argument checks. Each throws InvalidArgumentError naming the rank, the
-// collective, the value and what was expected.
+// collective, the value and what was expected. Shared with collective_set.cpp
+// (front_checks.hpp).
 void check_dtype(const Communicator::Impl& c, const char* what, DataType dtype) {
   if (static_cast<unsigned>(dtype) >= static_cast<unsigned>(kNumDataTypes))
     throw InvalidArgumentError(fmt::format("rank {}: {}: datatype {} is not a DataType (0..{})",
@@ -591,7 +618,8 @@ void check_disjoint(const Communicator::Impl& c, const char* what, const void* a
                     c.rank, what, in_place_rule));
 }
 
-}  // namespace
+}  // namespace front
+using namespace front;
 
 void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
   check_owner();

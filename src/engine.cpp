@@ -81,6 +81,25 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::barrier:
       if (size > 1) algo::barrier_direct(*this);
       break;
+    // Issue 14's collectives (staged.cpp; they handle world size 1 too).
+    case CollectiveKind::alltoall:
+      algo::alltoall_staged(*this, o.send, o.recv, d.count, d.dtype);
+      break;
+    case CollectiveKind::alltoallv:
+      algo::alltoallv_staged(*this, o.send, o.recv, *o.v, d.dtype);
+      break;
+    case CollectiveKind::gather:
+      algo::gather_staged(*this, o.send, o.recv, d.count, d.dtype, d.root);
+      break;
+    case CollectiveKind::scatter:
+      algo::scatter_staged(*this, o.send, o.recv, d.count, d.dtype, d.root);
+      break;
+    case CollectiveKind::allgatherv:
+      algo::allgatherv_staged(*this, o.send, o.recv, *o.v, d.dtype);
+      break;
+    case CollectiveKind::reduce_scatter_v:
+      algo::reduce_scatter_v_staged(*this, o.send, o.recv, *o.v, d.dtype, d.op);
+      break;
     case CollectiveKind::invalid:
       break;
   }

@@ -24,7 +24,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 3;
+inline constexpr std::uint32_t kLayoutVersion = 4;
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -68,6 +68,12 @@ struct alignas(64) Descriptor {
   std::atomic<std::uint32_t> op;
   std::atomic<std::int32_t> root;
   std::atomic<std::uint32_t> algorithm;  // ring or direct
+  // Staged collectives (staged.cpp): a 64-bit hash of the count vectors
+  // (allgatherv, reduce_scatter_v: equal on every rank; alltoallv: this
+  // rank's share of a sum that is 0 when the pairs agree), and `aux`, the
+  // data rounds this rank needs as a writer (alltoallv).
+  std::atomic<std::uint64_t> vhash;
+  std::atomic<std::uint64_t> aux;
 };
 
 /// CPUs a rank's affinity mask can name here (CPU_SETSIZE).
@@ -91,6 +97,8 @@ struct RankArea {
   Counter announced;  // collectives whose descriptor (and direct data) is published
   Counter done;       // collectives this rank has finished
   Counter reduced;    // two-shot: collectives whose reduced chunk this rank published
+  Counter posted;     // staged: rounds this rank has published in its direct buffers
+  Counter taken;      // staged: rounds this rank has finished reading from its writers
   RankInfo info;
   Descriptor desc[kDescRing];
 };

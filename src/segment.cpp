@@ -175,6 +175,8 @@ bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
     wake(seg.rank_area(r).announced);  // a progress thread may sleep on these too
     wake(seg.rank_area(r).done);
     wake(seg.rank_area(r).reduced);
+    wake(seg.rank_area(r).posted);
+    wake(seg.rank_area(r).taken);
   }
   return won;
 }

@@ -161,6 +161,31 @@ SHMRING_C_API shmring_result_t shmring_reduce_scatter_v(const void* send, void* 
                                                         shmring_datatype_t dtype,
                                                         shmring_reduce_op_t op,
                                                         shmring_comm_t comm);
+/* Non-blocking forms of the six above (req as for shmring_iallreduce). The
+ * count and displacement arrays are copied at the call; the data buffers
+ * belong to the request until it is finished. */
+SHMRING_C_API shmring_result_t shmring_ialltoall(const void* send, void* recv, size_t count,
+                                                 shmring_datatype_t dtype, shmring_comm_t comm,
+                                                 shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ialltoallv(const void* send, const size_t* send_counts,
+                                                  const size_t* send_displs, void* recv,
+                                                  const size_t* recv_counts,
+                                                  const size_t* recv_displs,
+                                                  shmring_datatype_t dtype, shmring_comm_t comm,
+                                                  shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_igather(const void* send, void* recv, size_t count,
+                                               shmring_datatype_t dtype, int root,
+                                               shmring_comm_t comm, shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_iscatter(const void* send, void* recv, size_t count,
+                                                shmring_datatype_t dtype, int root,
+                                                shmring_comm_t comm, shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_iallgatherv(const void* send, size_t send_count, void* recv,
+                                                   const size_t* recv_counts, const size_t* displs,
+                                                   shmring_datatype_t dtype, shmring_comm_t comm,
+                                                   shmring_request_t* req);
+SHMRING_C_API shmring_result_t shmring_ireduce_scatter_v(
+    const void* send, void* recv, const size_t* recv_counts, shmring_datatype_t dtype,
+    shmring_reduce_op_t op, shmring_comm_t comm, shmring_request_t* req);
 SHMRING_C_API shmring_result_t shmring_send(const void* buffer, size_t count,
                                             shmring_datatype_t dtype, int peer, int tag,
                                             shmring_comm_t comm);

@@ -1,0 +1,336 @@
+// Front of issue 14's collectives (alltoall, alltoallv, gather, scatter,
+// allgatherv, reduce_scatter_v): argument checks on the caller's thread and
+// the Op the engine runs (engine.cpp -> staged.cpp), as communicator.cpp
+// does for the others. Vectors are copied into the Op (VectorArgs), so a
+// queued request does not depend on the caller's spans.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "comm_impl.hpp"
+#include "front_checks.hpp"
+
+namespace shmring {
+
+using namespace front;
+
+namespace {
+
+constexpr std::size_t kMaxBytes = std::numeric_limits<std::size_t>::max() >> 2;
+
+// Impl::validated (communicator.cpp): a refused call is published to the
+// peers in call order, then thrown here.
+template <class F>
+void validated(Communicator::Impl& c, F&& checks) {
+  try {
+    checks();
+  } catch (const InvalidArgumentError& e) {
+    c.reject(e);
+  }
+}
+
+std::vector<std::size_t> checked_vector(const Communicator::Impl& c, const char* what,
+                                        const char* name, std::span<const std::size_t> v) {
+  if (v.size() != static_cast<std::size_t>(c.size))
+    throw InvalidArgumentError(fmt::format("rank {}: {}: {} has {} entries, expected size() = {}",
+                                           c.rank, what, name, v.size(), c.size));
+  return {v.begin(), v.end()};
+}
+
+// Byte ranges [begin, end) of the blocks (displs[j], counts[j]) in a buffer;
+// refuses overflow. Empty blocks are left out.
+std::vector<std::pair<std::size_t, std::size_t>> block_ranges(
+    const Communicator::Impl& c, const char* what, const char* name,
+    const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs,
+    DataType dtype) {
+  const std::size_t es = datatype_size(dtype);
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    std::size_t end = 0, end_bytes = 0;
+    if (__builtin_add_overflow(displs[j], counts[j], &end) ||
+        __builtin_mul_overflow(end, es, &end_bytes) || end_bytes > kMaxBytes)
+      throw InvalidArgumentError(
+          fmt::format("rank {}: {}: block {} of {} (displacement {} + count {} of {}) overflows",
+                      c.rank, what, j, name, displs[j], counts[j], to_string(dtype)));
+    if (counts[j] > 0) out.push_back({displs[j] * es, end_bytes});
+  }
+  return out;
+}
+
+std::size_t extent(const std::vector<std::pair<std::size_t, std::size_t>>& blocks) {
+  std::size_t e = 0;
+  for (auto& b : blocks) e = std::max(e, b.second);
+  return e;
+}
+
+// The receive blocks must not overlap each other (they are written).
+void check_blocks_disjoint(const Communicator::Impl& c, const char* what,
+                           std::vector<std::pair<std::size_t, std::size_t>> blocks) {
+  std::sort(blocks.begin(), blocks.end());
+  for (std::size_t i = 1; i < blocks.size(); ++i)
+    if (blocks[i].first < blocks[i - 1].second)
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: {}: receive blocks overlap (bytes [{}, {}) and [{}, {})); every block needs "
+          "its own place",
+          c.rank, what, blocks[i - 1].first, blocks[i - 1].second, blocks[i].first,
+          blocks[i].second));
+}
+
+// No receive block may overlap [send, send + send_bytes).
+void check_send_apart(const Communicator::Impl& c, const char* what, const void* send,
+                      std::size_t send_bytes, const void* recv,
+                      const std::vector<std::pair<std::size_t, std::size_t>>& recv_blocks) {
+  if (send_bytes == 0 || recv == nullptr) return;
+  const auto s = reinterpret_cast<std::uintptr_t>(send);
+  const auto r = reinterpret_cast<std::uintptr_t>(recv);
+  for (auto& b : recv_blocks)
+    if (r + b.first < s + send_bytes && s < r + b.second)
+      throw InvalidArgumentError(
+          fmt::format("rank {}: {}: send overlaps the receive block at bytes [{}, {}) of recv",
+                      c.rank, what, b.first, b.second));
+}
+
+void check_lane(const Communicator::Impl& c, const char* what, int lanes,
+                std::size_t header_bytes) {
+  const std::size_t buf = c.seg->direct_bytes();
+  if (c.size > 1 && (algo::staged_lane_bytes(buf, lanes) == 0 || header_bytes > buf))
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: the direct buffers ({} bytes, SHMRING_DIRECT_BYTES) are too small "
+        "for {} ranks; need at least {} bytes",
+        c.rank, what, buf, c.size,
+        std::max<std::size_t>(16 * static_cast<std::size_t>(lanes), header_bytes)));
+}
+
+std::size_t sum_counts(const Communicator::Impl& c, const char* what,
+                       const std::vector<std::size_t>& counts, DataType dtype) {
+  std::size_t total = 0;
+  for (std::size_t x : counts)
+    if (__builtin_add_overflow(total, x, &total))
+      throw InvalidArgumentError(
+          fmt::format("rank {}: {}: the sum of recv_counts overflows", c.rank, what));
+  checked_bytes(c, what, total, dtype, 1);
+  return total;
+}
+
+Op make_alltoall(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                 DataType dtype) {
+  const char* what = "alltoall";
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    const std::size_t bytes =
+        checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
+    check_pointer(c, what, "send", send, bytes);
+    check_pointer(c, what, "recv", recv, bytes);
+    check_disjoint(c, what, send, bytes, recv, bytes, nullptr, "alltoall has no in-place form");
+    check_lane(c, what, c.size - 1, 0);
+  });
+  return {
+      {CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
+}
+
+Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::size_t> sc,
+                  std::span<const std::size_t> sd, void* recv, std::span<const std::size_t> rc,
+                  std::span<const std::size_t> rd, DataType dtype) {
+  const char* what = "alltoallv";
+  auto v = std::make_shared<VectorArgs>();
+  std::uint64_t writer_rounds = 0;
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    v->send_counts = checked_vector(c, what, "send_counts", sc);
+    v->send_displs = checked_vector(c, what, "send_displs", sd);
+    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
+    v->recv_displs = checked_vector(c, what, "recv_displs", rd);
+    const auto me = static_cast<std::size_t>(c.rank);
+    if (v->send_counts[me] != v->recv_counts[me])
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: alltoallv: send_counts[{}]={} but recv_counts[{}]={}; a rank's block to "
+          "itself must have one size",
+          c.rank, me, v->send_counts[me], me, v->recv_counts[me]));
+    auto sblocks = block_ranges(c, what, "send", v->send_counts, v->send_displs, dtype);
+    auto rblocks = block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype);
+    check_pointer(c, what, "send", send, extent(sblocks));
+    check_pointer(c, what, "recv", recv, extent(rblocks));
+    check_blocks_disjoint(c, what, rblocks);
+    for (auto& b : sblocks)
+      check_send_apart(c, what, static_cast<const std::byte*>(send) + b.first, b.second - b.first,
+                       recv, rblocks);
+    check_lane(c, what, c.size - 1, 2 * static_cast<std::size_t>(c.size) * 8);
+    if (c.size > 1) {
+      const std::size_t lane = algo::staged_lane_bytes(c.seg->direct_bytes(), c.size - 1);
+      for (int j = 0; j < c.size; ++j)
+        if (j != c.rank)
+          writer_rounds = std::max<std::uint64_t>(
+              writer_rounds, (v->send_counts[j] * datatype_size(dtype) + lane - 1) / lane);
+    }
+  });
+  Op o{{CollectiveKind::alltoallv, 0, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
+  o.desc.vhash = algo::staged_pair_hash(c.rank, v->send_counts, v->recv_counts);
+  o.desc.aux = writer_rounds;
+  o.v = std::move(v);
+  return o;
+}
+
+Op make_gather(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+               DataType dtype, int root) {
+  const char* what = "gather";
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    check_root(c, what, root);
+    const std::size_t bytes = checked_bytes(c, what, count, dtype, 1);
+    const std::size_t all = checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
+    check_pointer(c, what, "send", send, bytes);
+    if (c.rank == root) {
+      check_pointer(c, what, "recv (at the root)", recv, all);
+      check_disjoint(c, what, recv, all, send, bytes,
+                     static_cast<const std::byte*>(recv) + static_cast<std::size_t>(root) * bytes,
+                     "send == recv + root * count");
+    }
+    check_lane(c, what, 1, 0);
+  });
+  return {
+      {CollectiveKind::gather, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
+}
+
+Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                DataType dtype, int root) {
+  const char* what = "scatter";
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    check_root(c, what, root);
+    const std::size_t bytes = checked_bytes(c, what, count, dtype, 1);
+    const std::size_t all = checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
+    check_pointer(c, what, "recv", recv, bytes);
+    if (c.rank == root) {
+      check_pointer(c, what, "send (at the root)", send, all);
+      check_disjoint(c, what, send, all, recv, bytes,
+                     static_cast<const std::byte*>(send) + static_cast<std::size_t>(root) * bytes,
+                     "recv == send + root * count");
+    }
+    check_lane(c, what, c.size - 1, 0);
+  });
+  return {
+      {CollectiveKind::scatter, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
+}
+
+Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_count, void* recv,
+                   std::span<const std::size_t> rc, std::span<const std::size_t> displs,
+                   DataType dtype) {
+  const char* what = "allgatherv";
+  auto v = std::make_shared<VectorArgs>();
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
+    v->recv_displs = checked_vector(c, what, "displs", displs);
+    const auto me = static_cast<std::size_t>(c.rank);
+    if (send_count != v->recv_counts[me])
+      throw InvalidArgumentError(
+          fmt::format("rank {}: allgatherv: send_count {} differs from recv_counts[{}]={}", c.rank,
+                      send_count, me, v->recv_counts[me]));
+    sum_counts(c, what, v->recv_counts, dtype);
+    const std::size_t bytes = checked_bytes(c, what, send_count, dtype, 1);
+    auto rblocks = block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype);
+    check_pointer(c, what, "send", send, bytes);
+    check_pointer(c, what, "recv", recv, extent(rblocks));
+    check_blocks_disjoint(c, what, rblocks);
+    const auto* in_place =
+        static_cast<const std::byte*>(recv) + v->recv_displs[me] * datatype_size(dtype);
+    if (send != in_place) check_send_apart(c, what, send, bytes, recv, rblocks);
+    check_lane(c, what, 1, static_cast<std::size_t>(c.size) * 8);
+  });
+  Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
+  o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
+  o.v = std::move(v);
+  return o;
+}
+
+Op make_reduce_scatter_v(Communicator::Impl& c, const void* send, void* recv,
+                         std::span<const std::size_t> rc, DataType dtype, ReduceOp op) {
+  const char* what = "reduce_scatter_v";
+  auto v = std::make_shared<VectorArgs>();
+  validated(c, [&] {
+    check_dtype(c, what, dtype);
+    check_op(c, what, dtype, op);
+    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
+    const std::size_t total = sum_counts(c, what, v->recv_counts, dtype);
+    const std::size_t es = datatype_size(dtype);
+    std::size_t before = 0;
+    for (int j = 0; j < c.rank; ++j) before += v->recv_counts[j];
+    const std::size_t bytes = v->recv_counts[c.rank] * es;
+    check_pointer(c, what, "send", send, total * es);
+    check_pointer(c, what, "recv", recv, bytes);
+    check_disjoint(c, what, send, total * es, recv, bytes,
+                   static_cast<const std::byte*>(send) + before * es,
+                   "recv == send + offset of block rank()");
+    check_lane(c, what, c.size, static_cast<std::size_t>(c.size) * 8);
+  });
+  Op o{{CollectiveKind::reduce_scatter_v, 0, dtype, op, -1, Algorithm::staged}, send, recv};
+  o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
+  o.v = std::move(v);
+  return o;
+}
+
+}  // namespace
+
+void Communicator::alltoall(const void* send, void* recv, std::size_t count, DataType dtype) {
+  impl_->execute(make_alltoall(*impl_, send, recv, count, dtype));
+}
+void Communicator::alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                             std::span<const std::size_t> send_displs, void* recv,
+                             std::span<const std::size_t> recv_counts,
+                             std::span<const std::size_t> recv_displs, DataType dtype) {
+  impl_->execute(make_alltoallv(*impl_, send, send_counts, send_displs, recv, recv_counts,
+                                recv_displs, dtype));
+}
+void Communicator::gather(const void* send, void* recv, std::size_t count, DataType dtype,
+                          int root) {
+  impl_->execute(make_gather(*impl_, send, recv, count, dtype, root));
+}
+void Communicator::scatter(const void* send, void* recv, std::size_t count, DataType dtype,
+                           int root) {
+  impl_->execute(make_scatter(*impl_, send, recv, count, dtype, root));
+}
+void Communicator::allgatherv(const void* send, std::size_t send_count, void* recv,
+                              std::span<const std::size_t> recv_counts,
+                              std::span<const std::size_t> displs, DataType dtype) {
+  impl_->execute(make_allgatherv(*impl_, send, send_count, recv, recv_counts, displs, dtype));
+}
+void Communicator::reduce_scatter_v(const void* send, void* recv,
+                                    std::span<const std::size_t> recv_counts, DataType dtype,
+                                    ReduceOp op) {
+  impl_->execute(make_reduce_scatter_v(*impl_, send, recv, recv_counts, dtype, op));
+}
+
+Request Communicator::ialltoall(const void* send, void* recv, std::size_t count, DataType dtype) {
+  return impl_->submit(make_alltoall(*impl_, send, recv, count, dtype));
+}
+Request Communicator::ialltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                 std::span<const std::size_t> send_displs, void* recv,
+                                 std::span<const std::size_t> recv_counts,
+                                 std::span<const std::size_t> recv_displs, DataType dtype) {
+  return impl_->submit(make_alltoallv(*impl_, send, send_counts, send_displs, recv, recv_counts,
+                                      recv_displs, dtype));
+}
+Request Communicator::igather(const void* send, void* recv, std::size_t count, DataType dtype,
+                              int root) {
+  return impl_->submit(make_gather(*impl_, send, recv, count, dtype, root));
+}
+Request Communicator::iscatter(const void* send, void* recv, std::size_t count, DataType dtype,
+                               int root) {
+  return impl_->submit(make_scatter(*impl_, send, recv, count, dtype, root));
+}
+Request Communicator::iallgatherv(const void* send, std::size_t send_count, void* recv,
+                                  std::span<const std::size_t> recv_counts,
+                                  std::span<const std::size_t> displs, DataType dtype) {
+  return impl_->submit(make_allgatherv(*impl_, send, send_count, recv, recv_counts, displs, dtype));
+}
+Request Communicator::ireduce_scatter_v(const void* send, void* recv,
+                                        std::span<const std::size_t> recv_counts, DataType dtype,
+                                        ReduceOp op) {
+  return impl_->submit(make_reduce_scatter_v(*impl_, send, recv, recv_counts, dtype, op));
+}
+
+}  // namespace shmring

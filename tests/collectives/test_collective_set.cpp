@@ -1,0 +1,510 @@
+// Issue 14's collectives (alltoall, alltoallv, gather, scatter, allgatherv,
+// reduce_scatter_v) against a serial reference, on real forked ranks:
+// N in {1, 2, 3, 5, 8}, counts 0, 1, uneven, zeros in the middle of a
+// v-vector, 2^20+3 (at N <= 3), every root, in place where MPI allows it,
+// blocking and non-blocking; every input element distinct per (rank, index)
+// so a wrong offset cannot pass. Mismatches fail every rank with a
+// MismatchError naming the values.
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+
+using namespace shmring;
+using test::run_ranks;
+
+namespace {
+
+const std::vector<int> kSizes = {1, 2, 3, 5, 8};
+constexpr std::size_t kBig = (1u << 20) + 3;
+
+// Distinct per (rank, index) for rank < 8 and index < 2^24.
+std::int32_t val(int rank, std::size_t i) {
+  return static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) << 24) + i + 1);
+}
+
+std::vector<std::size_t> counts_for(int n) {  // uneven, with zeros in the middle
+  std::vector<std::size_t> c(static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j)
+    c[j] = (n > 2 && j == n / 2) ? 0 : static_cast<std::size_t>(3 * j + 1);
+  return c;
+}
+
+// Displacements in reverse rank order, with a gap of 2 elements between
+// blocks, so a rank-order layout would land wrong. Returns the buffer size.
+std::size_t reverse_displs(const std::vector<std::size_t>& counts, std::vector<std::size_t>& d) {
+  d.assign(counts.size(), 0);
+  std::size_t at = 1;
+  for (std::size_t k = counts.size(); k-- > 0;) {
+    d[k] = at;
+    at += counts[k] + 2;
+  }
+  return at;
+}
+
+void check_all(const std::vector<int>& st) {
+  for (std::size_t r = 0; r < st.size(); ++r)
+    CHECK_MESSAGE(st[r] == 0, "rank ", r, " status ", st[r]);
+}
+
+// Blocking, or the i-form waited on at once (alternating exercises both).
+template <class F, class G>
+void call(bool nonblocking, F blocking, G immediate) {
+  if (nonblocking) {
+    Request q = immediate();
+    q.wait();
+  } else {
+    blocking();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("alltoall: block j of rank i lands in block i of rank j") {
+  for (int n : kSizes) {
+    std::vector<std::size_t> counts = {0, 1, 7, 1000};
+    if (n <= 3) counts.push_back(kBig);
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      int me = c.rank();
+      int round = 0;
+      for (std::size_t count : counts) {
+        const std::size_t total = count * n;
+        std::vector<std::int32_t> in(total), out(total, -1);
+        for (std::size_t i = 0; i < total; ++i) in[i] = val(me, i);
+        const bool nb = (round++ % 2) == 1;
+        call(
+            nb, [&] { c.alltoall(in.data(), out.data(), count, DataType::int32); },
+            [&] { return c.ialltoall(in.data(), out.data(), count, DataType::int32); });
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < count; ++i)
+            SHMRING_CHILD_CHECK(out[j * count + i] == val(j, me * count + i),
+                                "rank %d count %zu nb %d: block %d [%zu] = %d, expected %d", me,
+                                count, nb, j, i, out[j * count + i], val(j, me * count + i));
+      }
+      // 2-byte elements and 8-byte elements through the same lanes.
+      std::vector<std::uint16_t> h(5 * n), ho(5 * n);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::uint16_t>(me * 1000 + i);
+      c.alltoall(h.data(), ho.data(), 5, DataType::float16);
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < 5; ++i)
+          SHMRING_CHILD_CHECK(ho[j * 5 + i] == j * 1000 + me * 5 + i, "float16 block %d", j);
+    }));
+  }
+}
+
+TEST_CASE("alltoallv: uneven counts, zeros, displacements out of rank order") {
+  for (int n : kSizes) {
+    INFO("n=", n);
+    for (bool big : {false, true}) {
+      if (big && n > 3) continue;
+      check_all(run_ranks(n, [&](Communicator& c) {
+        const int me = c.rank();
+        // f(i, j): elements rank i sends to rank j (0 for some pairs).
+        auto f = [&](int i, int j) -> std::size_t {
+          if (big && i == 0 && j == n - 1) return kBig;
+          if ((i + j) % 3 == 1) return 0;
+          return static_cast<std::size_t>(i * 5 + j * 2 + 1);
+        };
+        std::vector<std::size_t> sc(n), rc(n), sd, rd;
+        for (int j = 0; j < n; ++j) {
+          sc[j] = f(me, j);
+          rc[j] = f(j, me);
+        }
+        std::vector<std::int32_t> in(reverse_displs(sc, sd)), out(reverse_displs(rc, rd), -7);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+        for (bool nb : {false, true}) {
+          std::fill(out.begin(), out.end(), -7);
+          call(
+              nb, [&] { c.alltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32); },
+              [&] { return c.ialltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32); });
+          // Rank j sent me its block at its send_displs[me] (reverse_displs of its counts).
+          std::vector<std::size_t> j_sc(n), j_sd;
+          for (int j = 0; j < n; ++j) {
+            for (int k = 0; k < n; ++k) j_sc[k] = f(j, k);
+            reverse_displs(j_sc, j_sd);
+            for (std::size_t i = 0; i < rc[j]; ++i)
+              SHMRING_CHILD_CHECK(out[rd[j] + i] == val(j, j_sd[me] + i),
+                                  "rank %d from %d [%zu]: %d expected %d", me, j, i, out[rd[j] + i],
+                                  val(j, j_sd[me] + i));
+          }
+          // The gaps stay untouched.
+          for (std::size_t i = 0; i < out.size(); ++i) {
+            bool inside = false;
+            for (int j = 0; j < n; ++j) inside |= i >= rd[j] && i < rd[j] + rc[j];
+            if (!inside) SHMRING_CHILD_CHECK(out[i] == -7, "rank %d wrote a gap at %zu", me, i);
+          }
+        }
+      }));
+    }
+  }
+}
+
+TEST_CASE("gather: every root, counts 0, 1, uneven, big; in place at the root") {
+  for (int n : kSizes) {
+    std::vector<std::size_t> counts = {0, 1, 13};
+    if (n <= 3) counts.push_back(kBig);
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      int round = 0;
+      for (std::size_t count : counts)
+        for (int root = 0; root < n; ++root)
+          for (bool in_place : {false, true}) {
+            std::vector<std::int32_t> in(count), out(count * n, -1);
+            for (std::size_t i = 0; i < count; ++i) in[i] = val(me, i);
+            const void* send = in.data();
+            if (in_place && me == root) {
+              std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(root * count));
+              send = out.data() + root * count;
+            }
+            void* recv = me == root ? out.data() : nullptr;
+            const bool nb = (round++ % 2) == 1;
+            call(
+                nb, [&] { c.gather(send, recv, count, DataType::int32, root); },
+                [&] { return c.igather(send, recv, count, DataType::int32, root); });
+            if (me != root) continue;
+            for (int j = 0; j < n; ++j)
+              for (std::size_t i = 0; i < count; ++i)
+                SHMRING_CHILD_CHECK(out[j * count + i] == val(j, i),
+                                    "root %d count %zu: block %d [%zu] = %d", root, count, j, i,
+                                    out[j * count + i]);
+          }
+    }));
+  }
+}
+
+TEST_CASE("scatter: every root, counts 0, 1, uneven, big; in place at the root") {
+  for (int n : kSizes) {
+    std::vector<std::size_t> counts = {0, 1, 13};
+    if (n <= 3) counts.push_back(kBig);
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      int round = 0;
+      for (std::size_t count : counts)
+        for (int root = 0; root < n; ++root)
+          for (bool in_place : {false, true}) {
+            std::vector<std::int32_t> in(me == root ? count * n : 0), out(count, -1);
+            for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+            void* recv = out.data();
+            if (in_place && me == root) recv = in.data() + root * count;
+            const void* send = me == root ? in.data() : nullptr;
+            const bool nb = (round++ % 2) == 1;
+            call(
+                nb, [&] { c.scatter(send, recv, count, DataType::int32, root); },
+                [&] { return c.iscatter(send, recv, count, DataType::int32, root); });
+            const auto* got = static_cast<const std::int32_t*>(recv);
+            for (std::size_t i = 0; i < count; ++i)
+              SHMRING_CHILD_CHECK(got[i] == val(root, me * count + i),
+                                  "rank %d root %d count %zu [%zu] = %d", me, root, count, i,
+                                  got[i]);
+          }
+    }));
+  }
+}
+
+TEST_CASE("allgatherv: uneven counts with zeros, displacements out of order, in place") {
+  for (int n : kSizes) {
+    INFO("n=", n);
+    for (bool big : {false, true}) {
+      if (big && n > 3) continue;
+      check_all(run_ranks(n, [&](Communicator& c) {
+        const int me = c.rank();
+        std::vector<std::size_t> rc = counts_for(n), d;
+        if (big) rc[n - 1] = kBig;
+        std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
+        std::vector<std::int32_t> in(rc[me]);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+        int round = 0;
+        for (bool in_place : {false, true}) {
+          std::fill(out.begin(), out.end(), -7);
+          const void* send = in.data();
+          if (in_place) {
+            std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
+            send = out.data() + d[me];
+          }
+          const bool nb = (round++ % 2) == 1;
+          call(
+              nb, [&] { c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32); },
+              [&] { return c.iallgatherv(send, rc[me], out.data(), rc, d, DataType::int32); });
+          for (int j = 0; j < n; ++j)
+            for (std::size_t i = 0; i < rc[j]; ++i)
+              SHMRING_CHILD_CHECK(out[d[j] + i] == val(j, i), "rank %d from %d [%zu] = %d", me, j,
+                                  i, out[d[j] + i]);
+          std::size_t touched = 0;
+          for (auto x : out) touched += x != -7;
+          SHMRING_CHILD_CHECK(touched == std::accumulate(rc.begin(), rc.end(), std::size_t{0}),
+                              "rank %d: wrote outside the blocks", me);
+        }
+      }));
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter_v: int32 and float32 sum, max, in place, big blocks") {
+  for (int n : kSizes) {
+    INFO("n=", n);
+    for (bool big : {false, true}) {
+      if (big && n > 3) continue;
+      check_all(run_ranks(n, [&](Communicator& c) {
+        const int me = c.rank();
+        std::vector<std::size_t> rc = counts_for(n);
+        if (big) rc[0] = kBig;
+        const std::size_t total = std::accumulate(rc.begin(), rc.end(), std::size_t{0});
+        std::size_t mine = 0;
+        for (int j = 0; j < me; ++j) mine += rc[j];
+        auto x = [](int r, std::size_t i) {  // small, so float32 sums are exact
+          return static_cast<std::int32_t>((i * 7 + static_cast<std::size_t>(r) * 131) % 1000);
+        };
+        std::vector<std::int32_t> in(total);
+        std::vector<float> fin(total);
+        for (std::size_t i = 0; i < total; ++i) {
+          in[i] = x(me, i);
+          fin[i] = static_cast<float>(x(me, i)) + 0.5f * static_cast<float>(me);
+        }
+        int round = 0;
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+          for (bool in_place : {false, true}) {
+            std::vector<std::int32_t> work = in, out(rc[me], -1);
+            std::int32_t* recv = in_place ? work.data() + mine : out.data();
+            const bool nb = (round++ % 2) == 1;
+            call(
+                nb, [&] { c.reduce_scatter_v(work.data(), recv, rc, DataType::int32, op); },
+                [&] { return c.ireduce_scatter_v(work.data(), recv, rc, DataType::int32, op); });
+            for (std::size_t i = 0; i < rc[me]; ++i) {
+              std::int32_t e = x(0, mine + i);
+              for (int r = 1; r < n; ++r)
+                e = op == ReduceOp::sum ? e + x(r, mine + i) : std::max(e, x(r, mine + i));
+              SHMRING_CHILD_CHECK(recv[i] == e, "rank %d op %d in_place %d [%zu] = %d, expected %d",
+                                  me, static_cast<int>(op), in_place, i, recv[i], e);
+            }
+          }
+        std::vector<float> fout(rc[me]);
+        c.reduce_scatter_v(fin.data(), fout.data(), rc, DataType::float32, ReduceOp::sum);
+        for (std::size_t i = 0; i < rc[me]; ++i) {
+          float e = 0;
+          for (int r = 0; r < n; ++r)
+            e += static_cast<float>(x(r, mine + i)) + 0.5f * static_cast<float>(r);
+          SHMRING_CHILD_CHECK(fout[i] == e, "rank %d float32 [%zu] = %g, expected %g", me, i,
+                              static_cast<double>(fout[i]), static_cast<double>(e));
+        }
+      }));
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter_v float16 / bfloat16: the same bits as the direct allreduce") {
+  // The direct allreduce reduces in rank order and rounds once (README
+  // "Accuracy"); reduce_scatter_v must give each block the same bits.
+  for (int n : {2, 3, 5}) {
+    for (DataType dt : {DataType::float16, DataType::bfloat16})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::prod}) {
+        INFO("n=", n, " dtype=", to_string(dt), " op=", to_string(op));
+        setenv("SHMRING_ALGO", "direct", 1);  // read when the communicator starts
+        check_all(run_ranks(n, [&](Communicator& c) {
+          const int me = c.rank();
+          std::vector<std::size_t> rc = counts_for(n);
+          for (auto& k : rc) k *= 37;
+          const std::size_t total = std::accumulate(rc.begin(), rc.end(), std::size_t{0});
+          std::vector<std::uint16_t> in(total), all(total), out(rc[me]);
+          for (std::size_t i = 0; i < total; ++i) {
+            // 1.0 .. 2.0 with varied low mantissa bits (float16: 0x3c00.., bfloat16: 0x3f80..).
+            const std::uint16_t one = dt == DataType::float16 ? 0x3c00 : 0x3f80;
+            in[i] = static_cast<std::uint16_t>(one + ((i * 37 + me * 101) % 0x7f));
+          }
+          c.allreduce(in.data(), all.data(), total, dt, op);
+          c.reduce_scatter_v(in.data(), out.data(), rc, dt, op);
+          std::size_t mine = 0;
+          for (int j = 0; j < me; ++j) mine += rc[j];
+          for (std::size_t i = 0; i < rc[me]; ++i)
+            SHMRING_CHILD_CHECK(out[i] == all[mine + i], "rank %d [%zu]: %04x vs allreduce %04x",
+                                me, i, out[i], all[mine + i]);
+        }));
+        unsetenv("SHMRING_ALGO");
+      }
+  }
+}
+
+// ---- Mismatches: every rank fails with MismatchError naming the values. ----
+
+namespace {
+
+void expect_mismatch(int n, const std::function<void(Communicator&)>& fn, const char* needle) {
+  auto status = test::run_processes(n, [&, job = test::unique_job_id("set-mm")](int r) {
+    Options o;
+    o.rank = r;
+    o.world_size = n;
+    o.job_id = job;
+    o.timeout_s = 30;  // far above the bound checked: a hang would show
+    Communicator comm(o);
+    comm.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      fn(comm);
+    } catch (const MismatchError& e) {
+      what = e.what();
+    } catch (const Error& e) {
+      SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", r, e.what());
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    SHMRING_CHILD_CHECK(!what.empty(), "rank %d: no error", r);
+    SHMRING_CHILD_CHECK(what.find(needle) != std::string::npos, "rank %d: '%s' lacks '%s'", r,
+                        what.c_str(), needle);
+    SHMRING_CHILD_CHECK(s < 5.0, "rank %d: took %.3f s", r, s);
+    if (r == 0) std::fprintf(stderr, "(expected) %s\n", what.c_str());
+  });
+  check_all(status);
+}
+
+}  // namespace
+
+TEST_CASE("alltoall: counts differ") {
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::size_t count = c.rank() == 2 ? 4 : 5;
+        std::vector<std::int32_t> a(count * 3), b(count * 3);
+        c.alltoall(a.data(), b.data(), count, DataType::int32);
+      },
+      "count=4");
+}
+
+TEST_CASE("alltoallv: one pair disagrees; every rank names it, also the uninvolved ones") {
+  for (int n : {2, 4}) {
+    expect_mismatch(
+        n,
+        [n](Communicator& c) {
+          std::vector<std::size_t> sc(n, 3), rc(n, 3), sd(n), rd(n);
+          for (int j = 0; j < n; ++j) sd[j] = rd[j] = 3 * j;
+          if (c.rank() == 1) rc[0] = 2;  // rank 0 sends 3
+          std::vector<float> a(3 * n), b(3 * n);
+          c.alltoallv(a.data(), sc, sd, b.data(), rc, rd, DataType::float32);
+        },
+        "rank 0 sends 3 elements to rank 1 (its send_counts[1]) but rank 1 expects 2");
+  }
+}
+
+TEST_CASE("gather and scatter: roots differ, counts differ") {
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::vector<float> a(4), b(12);
+        c.gather(a.data(), b.data(), 4, DataType::float32, c.rank() == 1 ? 2 : 0);
+      },
+      "root=");
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::vector<float> a(12), b(4);
+        c.scatter(a.data(), b.data(), c.rank() == 0 ? 4 : 3, DataType::float32, 0);
+      },
+      "count=");
+}
+
+TEST_CASE("allgatherv and reduce_scatter_v: recv_counts differ (same sum too)") {
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::vector<std::size_t> rc = {2, 3, 4}, d = {0, 2, 5};
+        if (c.rank() == 2) rc = {3, 2, 4}, d = {0, 3, 5};
+        std::vector<float> a(rc[c.rank()]), b(9);
+        c.allgatherv(a.data(), a.size(), b.data(), rc, d, DataType::float32);
+      },
+      "recv_counts[0]=");
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::vector<std::size_t> rc = {2, 3, 4};
+        if (c.rank() == 0) rc = {2, 3, 5};
+        std::vector<float> a(10), b(5);
+        c.reduce_scatter_v(a.data(), b.data(), rc, DataType::float32, ReduceOp::sum);
+      },
+      "recv_counts[2]=");
+  expect_mismatch(
+      3,
+      [](Communicator& c) {
+        std::vector<std::size_t> rc = {2, 3, 4};
+        std::vector<float> a(9), b(4);
+        c.reduce_scatter_v(a.data(), b.data(), rc, DataType::float32,
+                           c.rank() == 1 ? ReduceOp::max : ReduceOp::sum);
+      },
+      "max");
+}
+
+TEST_CASE("bad arguments: InvalidArgumentError here, MismatchError on the peers") {
+  auto st = run_ranks(3, [](Communicator& c) {
+    std::vector<std::size_t> sc(3, 1), d = {0, 1, 2};
+    std::vector<float> a(3), b(3);
+    std::string what;
+    try {
+      if (c.rank() == 1)
+        c.alltoallv(a.data(), std::span(sc).first(2), d, b.data(), sc, d, DataType::float32);
+      else
+        c.alltoallv(a.data(), sc, d, b.data(), sc, d, DataType::float32);
+    } catch (const InvalidArgumentError& e) {
+      SHMRING_CHILD_CHECK(c.rank() == 1, "rank %d: %s", c.rank(), e.what());
+      what = e.what();
+      SHMRING_CHILD_CHECK(what.find("send_counts has 2 entries") != std::string::npos, "%s",
+                          e.what());
+    } catch (const MismatchError& e) {
+      SHMRING_CHILD_CHECK(c.rank() != 1, "rank 1: %s", e.what());
+      what = e.what();
+    }
+    SHMRING_CHILD_CHECK(!what.empty(), "rank %d: no error", c.rank());
+  });
+  check_all(st);
+}
+
+TEST_CASE("staged collectives interleaved with direct, two-shot and ring ones, many in flight") {
+  // The staged collectives share the direct buffers with the one-shot and
+  // two-shot paths: a rank that runs ahead must never overwrite a buffer a
+  // slower rank still reads. Sizes cross the one-round / many-round line.
+  for (int n : {2, 3, 5}) {
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      for (int it = 0; it < 40; ++it) {
+        const std::size_t k = (it % 4 == 0) ? 40000 : static_cast<std::size_t>(it % 7 + 1);
+        std::vector<std::int32_t> a(k * n), a_out(k * n, -1), g(k * n, -1), s(k, -1);
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = val(me, i + it);
+        std::vector<float> x(k * n, static_cast<float>(me + 1)), y(k * n);
+        std::vector<std::size_t> rc(n, k), d(n);
+        for (int j = 0; j < n; ++j) d[j] = j * k;
+        std::vector<std::int32_t> v_out(k * n, -1);
+        const int root = it % n;
+        std::vector<Request> reqs;
+        reqs.push_back(c.ialltoall(a.data(), a_out.data(), k, DataType::int32));
+        reqs.push_back(c.iallreduce(x.data(), y.data(), k * n, DataType::float32, ReduceOp::sum));
+        reqs.push_back(
+            c.igather(a.data(), me == root ? g.data() : nullptr, k, DataType::int32, root));
+        reqs.push_back(c.iallgatherv(a.data() + me * k, k, v_out.data(), rc, d, DataType::int32));
+        if (it % 2) {
+          for (auto& r : reqs) r.wait();
+          reqs.clear();
+        }
+        c.scatter(a.data(), s.data(), k, DataType::int32, root);
+        c.barrier();
+        for (auto& r : reqs) r.wait();
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < k; ++i) {
+            SHMRING_CHILD_CHECK(a_out[j * k + i] == val(j, me * k + i + it), "alltoall it %d", it);
+            SHMRING_CHILD_CHECK(v_out[j * k + i] == val(j, j * k + i + it), "allgatherv it %d", it);
+            if (me == root) SHMRING_CHILD_CHECK(g[j * k + i] == val(j, i + it), "gather it %d", it);
+          }
+        for (std::size_t i = 0; i < k; ++i)
+          SHMRING_CHILD_CHECK(s[i] == val(root, me * k + i + it), "scatter it %d", it);
+        for (float f : y)
+          SHMRING_CHILD_CHECK(f == static_cast<float>(n * (n + 1) / 2), "allreduce it %d", it);
+      }
+    }));
+  }
+}
