@@ -137,7 +137,7 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
                   std::span<const std::size_t> rd, DataType dtype) {
   const char* what = "alltoallv";
   auto v = std::make_shared<VectorArgs>();
-  std::uint64_t writer_rounds = 0;
+  std::uint64_t largest_block = 0;  // bytes, to one peer
   validated(c, [&] {
     check_dtype(c, what, dtype);
     v->send_counts = checked_vector(c, what, "send_counts", sc);
@@ -159,17 +159,14 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
       check_send_apart(c, what, static_cast<const std::byte*>(send) + b.first, b.second - b.first,
                        recv, rblocks);
     check_lane(c, what, c.size - 1, 2 * static_cast<std::size_t>(c.size) * 8);
-    if (c.size > 1) {
-      const std::size_t lane = algo::staged_lane_bytes(c.seg->direct_bytes(), c.size - 1);
-      for (int j = 0; j < c.size; ++j)
-        if (j != c.rank)
-          writer_rounds = std::max<std::uint64_t>(
-              writer_rounds, (v->send_counts[j] * datatype_size(dtype) + lane - 1) / lane);
-    }
+    for (int j = 0; j < c.size; ++j)
+      if (j != c.rank)
+        largest_block =
+            std::max<std::uint64_t>(largest_block, v->send_counts[j] * datatype_size(dtype));
   });
   Op o{{CollectiveKind::alltoallv, 0, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
   o.desc.vhash = algo::staged_pair_hash(c.rank, v->send_counts, v->recv_counts);
-  o.desc.aux = writer_rounds;
+  o.desc.aux = largest_block;
   o.v = std::move(v);
   return o;
 }

@@ -56,7 +56,7 @@ struct CollectiveDesc {
   int root;
   Algorithm algorithm = Algorithm::ring;
   std::uint64_t vhash = 0;  ///< staged v-collectives: hash of the count vectors
-  std::uint64_t aux = 0;    ///< staged: data rounds this rank needs as a writer
+  std::uint64_t aux = 0;    ///< staged alltoallv: this rank's largest block to one peer, bytes
 };
 
 /// The count and displacement vectors of a v-collective (size() entries

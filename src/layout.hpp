@@ -71,7 +71,7 @@ struct alignas(64) Descriptor {
   // Staged collectives (staged.cpp): a 64-bit hash of the count vectors
   // (allgatherv, reduce_scatter_v: equal on every rank; alltoallv: this
   // rank's share of a sum that is 0 when the pairs agree), and `aux`, the
-  // data rounds this rank needs as a writer (alltoallv).
+  // largest block in bytes this rank sends to one peer (alltoallv).
   std::atomic<std::uint64_t> vhash;
   std::atomic<std::uint64_t> aux;
 };

@@ -1,61 +1,65 @@
 // Staged collectives: alltoall, alltoallv, gather, scatter, allgatherv and
-// reduce_scatter_v, moved in rounds through the per-rank direct buffers.
+// reduce_scatter_v, moved in rounds through buffers of the writer's own in
+// the segment: the direct buffers for small blocks, the slot area for big
+// ones. Nothing grows with N beyond the per-rank areas the segment already has.
 //
 // Terms (reflected in the names below):
-//   writer, reader - a rank that puts data into its own direct buffer, and a
+//   writer, reader - a rank that puts data into its own staging buffer, and a
 //            rank that copies (or reduces) it out of the writer's buffer.
 //   block  - the elements one writer sends to one reader over the whole
 //            collective (alltoall: count; gather: the writer's send; ...).
 //   lane   - a fixed part of a writer's buffer that belongs to one reader
 //            (the buffer cut into L equal lanes, each a multiple of 16
-//            bytes); one reader: the whole buffer.
-//   slice  - the part of a block that travels in one round: slice k is bytes
-//            [k*lane, (k+1)*lane) of the block (empty past its end).
-//   round  - every writer fills its buffer with one slice per reader,
-//            publishes it (posted), and its readers copy their slices out
-//            and say so (taken). Round k of collective c uses direct buffer
-//            (c + k) mod 2 of every rank; a writer refills a buffer in round
-//            k >= 2 only after each of its readers has taken round k-2.
-//            Round 0 goes out with the descriptor (announce); round 1's
-//            buffer is free once every rank has started c (and so finished
-//            c-1, the last collective that may have read it).
-//   header - round 0 of a v-collective: the writer's count vectors
-//            (N x uint64 each), so that readers check the exact count they
-//            will read against what the writer will send, and a mismatch
-//            can be reported with its values on every rank.
+//            bytes); with one reader or a block every reader takes, L = 1.
+//   slice  - the part of a block that travels in one round: slice s is bytes
+//            [s*lane, (s+1)*lane) of the block (empty past its end).
+//   round  - every writer fills its buffer with one slice per reader and
+//            publishes it (posted); its readers copy their slices out and
+//            say so (taken). A writer refills a buffer in round k >= 2 only
+//            after each of its readers has taken round k-2.
+//   round 0 - goes out with the descriptor (announce), in direct buffer
+//            c mod 2 (acquire_direct_buffer). It carries the header of a
+//            v-collective, then the whole collective when the largest block
+//            of every writer fits one lane of what is left ("inline": one
+//            synchronisation, as the one-shot direct path).
+//   header - the writer's count vectors (N x uint64 each), so that readers
+//            check the exact count they will read against what the writer
+//            sends, and a mismatch is reported with its values on every rank.
+//   data rounds k = 1..R carry slice k-1. When the largest block fits one
+//            direct lane they use direct buffer (c + k) mod 2 (free once every
+//            rank has started c, so finished c-1); otherwise ("big") half
+//            k mod 2 of the writer's slot area (K * slot_bytes / 2 bytes, 8x
+//            the direct buffer by default: 8x fewer rounds). The ring reuses
+//            the slots without looking at `taken`, so a big writer waits at
+//            the end until its readers have taken its last round.
 //
-// Per collective (N ranks, B = direct_bytes, e = element bytes, L lanes):
-//   alltoall(count)      L = N-1; rounds ceil(count*e / lane); each round a
-//                        rank writes and reads N-1 lanes: (N-1)/N of its
-//                        buffer each way over the collective, once through
-//                        shared memory (written once, read once).
-//   alltoallv            as alltoall, per-pair slices; one header round
-//                        first; rounds = the largest pair's slices (from the
-//                        descriptors' aux, the max over writers).
-//   gather(count)        L = 1 (only the root reads); rounds ceil(count*e/B);
-//                        the root reads (N-1)*count elements.
-//   scatter(count)       L = N-1 (the root writes, every other rank reads its
-//                        lane); rounds ceil(count*e / lane).
-//   allgatherv           L = 1 (every rank reads every buffer); header round,
-//                        then ceil(max recv_counts * e / B) rounds.
-//   reduce_scatter_v     L = N (the writer's own block goes through its own
+// Per collective (N ranks, e = element bytes, L lanes; every byte is written
+// once into shared memory and read once out of it):
+//   alltoall(count)      L = N-1; each round a rank writes and reads N-1
+//                        lanes; (N-1)*count*e bytes each way in all.
+//   alltoallv            L = N-1, per-pair slices; header in round 0; R
+//                        from the largest block of any writer (aux).
+//   gather(count)        L = 1 (only the root reads); the root reads
+//                        (N-1)*count*e bytes.
+//   scatter(count)       L = N-1; the root writes (N-1)*count*e bytes, every
+//                        other rank reads its count*e.
+//   allgatherv           L = 1 (every rank reads every buffer); header.
+//   reduce_scatter_v     L = N (a writer's own block goes through its own
 //                        lane too, so that no source aliases the output); the
 //                        reader of block r reduces lane r of every buffer in
-//                        rank order 0..N-1 (reduce_in_rank_order: the same
-//                        bits as the direct reduce_scatter, and float16 /
-//                        bfloat16 accumulate wide and round once); header
-//                        round, then ceil(max recv_counts * e / lane) rounds.
+//                        rank order 0..N-1 (reduce_in_rank_order: the bits of
+//                        the direct reduce_scatter, and float16 / bfloat16
+//                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
 // ranks run the same rounds: the round counts follow from descriptors that
 // agree), so round k of a collective is `staged_rounds + k` everywhere.
-// The buffers are shared with the direct path. A staged collective c uses
-// both, so the next collective to write one (direct or staged, through
-// acquire_direct_buffer) first waits until every rank has finished c
-// (staged_done_needed); a staged collective starts with
-// acquire_direct_buffer too.
+// The direct buffers are shared with the direct path. A staged collective c
+// may use both, so the next collective to write one (direct or staged,
+// through acquire_direct_buffer) first waits until every rank has finished
+// c (staged_done_needed).
 // Memory ordering: as in direct.cpp (release publish after the copies,
 // acquire wait before reading; a writer reuses a buffer only after an
 // acquire of every reader's `taken`).
@@ -64,14 +68,16 @@
 // (compared by every rank with every rank), plus for v-collectives a hash of
 // the count vectors: allgatherv and reduce_scatter_v compare it (equal
 // recv_counts); alltoallv sums every rank's term sum_j h(i, j, send[j]) -
-// sum_j h(j, i, recv[j]), 0 exactly when the pairs agree (up to a 2^-64
-// chance). On a difference each rank finds the offending values in the
+// sum_j h(j, i, recv[j]), 0 when the pairs agree (a wrong sum of 0 has a
+// 2^-64 chance; the two ranks of a bad pair still see it exactly in the
+// headers). On a difference each rank finds the offending values in the
 // headers and fails with a MismatchError naming them, so every rank fails.
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "comm_impl.hpp"
 #include "reduce_steps.hpp"
@@ -140,10 +146,42 @@ std::size_t lane_index(int w, int j, int n) {
   return static_cast<std::size_t>((j - w - 1 + n) % n);
 }
 
-// The rounds of one staged collective on this rank.
+// The rounds of one staged collective on this rank (see the top comment).
 class Rounds {
  public:
-  explicit Rounds(Communicator::Impl& c) : c_(c), base_(c.staged_rounds) {}
+  /// `header_bytes`: round 0 starts with a header that long (v-collectives);
+  /// its inline data follows at the next 64-byte boundary.
+  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0)
+      : c_(c),
+        base_(c.staged_rounds),
+        lane_direct_(staged_lane_bytes(c.seg->direct_bytes(), lanes)),
+        half_slots_(c.seg->slots() * c.seg->slot_bytes() / 2),
+        lane_slots_(staged_lane_bytes(half_slots_, lanes)),
+        inline_offset_(detail::round_up(header_bytes, 64)),
+        lane_inline_(inline_offset_ < c.seg->direct_bytes()
+                         ? staged_lane_bytes(c.seg->direct_bytes() - inline_offset_, lanes)
+                         : 0) {}
+
+  /// Lane of round 0's inline data, after the header.
+  std::size_t lane_inline() const { return lane_inline_; }
+  std::size_t inline_offset() const { return inline_offset_; }
+  /// Writer q's header (the start of its round-0 buffer).
+  const std::byte* header(int q) {
+    return c_.seg->direct(q, c_.collectives % detail::kDirectBuffers);
+  }
+  /// Fixes the data rounds for blocks of at most `largest` bytes (the same
+  /// on every rank): through the direct buffers when one direct lane holds
+  /// the largest block, else through the halves of the slot area.
+  void plan(std::size_t largest) {
+    big_ = largest > lane_direct_ && lane_slots_ > lane_direct_;
+    data_rounds_ = rounds_for(largest, lane());
+    // Every rank has finished the previous collective, so the right
+    // neighbour has read all our ring slices; checked, as it costs nothing.
+    if (big_ && c_.sent > 0)
+      c_.wait_counter(c_.area(c_.right).consumed, c_.sent, c_.right, "ring slices to be read");
+  }
+  std::size_t lane() const { return big_ ? lane_slots_ : lane_direct_; }
+  std::uint64_t data_rounds() const { return data_rounds_; }
 
   /// My buffer for round k, once every reader (is_reader(q)) has taken
   /// round k-2 from it.
@@ -165,18 +203,35 @@ class Rounds {
     return buffer(w, k);
   }
   void taken(std::uint64_t k) { detail::publish(c_.my_area().taken, base_ + k + 1); }
-  /// Ends the collective after `total` rounds (the same on every rank).
-  void finish(std::uint64_t total) {
+  /// Ends the collective after round 0 and the data rounds (the same count
+  /// on every rank). A writer whose data went through its slots waits until
+  /// its readers are done with them: the next ring collective rewrites them
+  /// without looking at `taken`.
+  template <class IsReader>
+  void finish(bool writer, IsReader is_reader) {
+    const std::uint64_t total = 1 + data_rounds_;
+    if (big_ && writer)
+      for (int q = 0; q < c_.size; ++q)
+        if (q != c_.rank && is_reader(q))
+          c_.wait_counter(c_.area(q).taken, base_ + total, q, "a reader to finish the collective");
     c_.staged_rounds = base_ + total;
     c_.staged_done_needed = c_.collectives + 1;
   }
+  /// Round 0: the inline data in direct buffer c mod 2, after the header.
+  /// Data rounds without slots: direct buffer (c + k) mod 2; through the
+  /// slots: half k mod 2 of the rank's slot area.
   std::byte* buffer(int r, std::uint64_t k) {
-    return c_.seg->direct(r, (c_.collectives + k) % detail::kDirectBuffers);
+    if (k >= 1 && big_) return c_.seg->slot(r, 0) + (k % 2) * half_slots_;
+    return c_.seg->direct(r, (c_.collectives + k) % detail::kDirectBuffers) +
+           (k == 0 ? inline_offset_ : 0);
   }
 
  private:
   Communicator::Impl& c_;
   std::uint64_t base_;
+  std::size_t lane_direct_, half_slots_, lane_slots_, inline_offset_, lane_inline_;
+  bool big_ = false;
+  std::uint64_t data_rounds_ = 0;
 };
 
 bool everyone(int) {
@@ -203,7 +258,7 @@ void write_header(std::byte* buf, const std::vector<std::size_t>& a,
 
 std::uint64_t header_entry(Rounds& r, int q, std::size_t i) {
   std::uint64_t v = 0;
-  std::memcpy(&v, r.buffer(q, 0) + i * sizeof(std::uint64_t), sizeof(v));
+  std::memcpy(&v, r.header(q) + i * sizeof(std::uint64_t), sizeof(v));
   return v;
 }
 
@@ -212,7 +267,12 @@ void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::
   const std::uint64_t mine = staged_vector_hash(counts);
   const auto n = static_cast<std::size_t>(c.size);
   for (int q = 0; q < c.size; ++q) {
-    if (q == c.rank || desc_of(c, q).vhash.load(std::memory_order_relaxed) == mine) continue;
+    if (q == c.rank) continue;
+    // The entries this rank's reads depend on are compared exactly (q's own
+    // block, and ours as q sees it); the hash covers the rest.
+    const bool exact_ok = header_entry(r, q, static_cast<std::size_t>(q)) == counts[q] &&
+                          header_entry(r, q, static_cast<std::size_t>(c.rank)) == counts[c.rank];
+    if (exact_ok && desc_of(c, q).vhash.load(std::memory_order_relaxed) == mine) continue;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t theirs = header_entry(r, q, i);
       if (theirs != counts[i])
@@ -267,6 +327,54 @@ void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
 
 }  // namespace
 
+namespace {
+
+// Runs the rounds of a staged collective. `header` writes the start of
+// round 0 of a v-collective (the count vectors), or is null; `check` runs on
+// every rank once the descriptors agree and returns the largest block of any
+// writer in bytes (the same on every rank). A writer whose own largest block
+// (`local_largest`) fits one lane of round 0 (after the header) puts its
+// data there too; when every writer's fits (check() says so), readers take
+// it from round 0 and no data round follows: one synchronisation. Otherwise
+// the data rounds carry everything (an inline copy is ignored).
+// write(buf, slice, lane) fills this writer's buffer with slice `slice` of
+// its blocks; read(k, slice, lane) copies slice `slice` out of the writers'
+// round-k buffers (r.await) into this reader's output.
+template <class IsReader, class Header, class Check, class Write, class Read>
+void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
+                std::size_t local_largest, Header header, Check check, Write write, Read read) {
+  constexpr bool has_header = !std::is_same_v<Header, std::nullptr_t>;
+  const std::size_t lane0 = r.lane_inline();
+  if (writer) {
+    std::byte* buf = r.acquire(0, is_reader);
+    if constexpr (has_header) header(buf);
+    if (lane0 > 0 && local_largest <= lane0) write(buf + r.inline_offset(), 0, lane0);
+    r.post(0);
+  }
+  announce_and_check(c);
+  const std::size_t largest = check();
+  const bool inline_data = lane0 > 0 && largest <= lane0;
+  if (inline_data) {
+    if (reader) read(0, 0, lane0);
+  } else {
+    r.plan(largest);
+  }
+  if (reader || has_header) r.taken(0);
+  for (std::uint64_t k = 1; k <= r.data_rounds(); ++k) {
+    if (writer) {
+      write(r.acquire(k, is_reader), k - 1, r.lane());
+      r.post(k);
+    }
+    if (reader) {
+      read(k, k - 1, r.lane());
+      r.taken(k);
+    }
+  }
+  r.finish(writer, is_reader);
+}
+
+}  // namespace
+
 void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                      DataType dtype) {
   const int n = c.size, me = c.rank;
@@ -275,34 +383,24 @@ void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::s
   auto* out = static_cast<std::byte*>(recv);
   if (bytes > 0) c.copy(out + me * bytes, in + me * bytes, bytes);
   if (n == 1) return;
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), n - 1);
-  const std::uint64_t total = std::max<std::uint64_t>(1, rounds_for(bytes, lane));
-  auto write = [&](std::uint64_t k) {
-    std::byte* buf = r.acquire(k, everyone);
-    const Slice s = slice_of(bytes, k, lane);
-    if (s.bytes > 0)
-      for (int j = 0; j < n; ++j)
-        if (j != me) c.copy(buf + lane_index(me, j, n) * lane, in + j * bytes + s.begin, s.bytes);
-    r.post(k);
-  };
-  auto read = [&](std::uint64_t k) {
-    const Slice s = slice_of(bytes, k, lane);
-    if (s.bytes > 0)
-      for (int t = 1; t < n; ++t) {
-        const int w = (me - t + n) % n;
-        c.copy(out + w * bytes + s.begin, r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
-      }
-    r.taken(k);
-  };
-  write(0);
-  announce_and_check(c);
-  read(0);
-  for (std::uint64_t k = 1; k < total; ++k) {
-    write(k);
-    read(k);
-  }
-  r.finish(total);
+  Rounds r(c, n - 1);
+  run_rounds(
+      c, r, true, true, everyone, bytes, nullptr, [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int j = 0; j < n; ++j)
+            if (j != me)
+              c.copy(buf + lane_index(me, j, n) * lane, in + j * bytes + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int t = 1; t < n; ++t) {
+            const int w = (me - t + n) % n;
+            c.copy(out + w * bytes + s.begin, r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
+          }
+      });
 }
 
 void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
@@ -314,35 +412,38 @@ void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const
   if (v.send_counts[me] > 0)
     c.copy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, v.send_counts[me] * es);
   if (n == 1) return;
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), n - 1);
-  write_header(r.acquire(0, everyone), v.send_counts, &v.recv_counts);
-  r.post(0);
-  announce_and_check(c);
-  check_pairs(c, r, v);
-  std::uint64_t data_rounds = 0;
-  for (int q = 0; q < n; ++q)
-    data_rounds = std::max<std::uint64_t>(data_rounds, desc_of(c, q).aux.load());
-  r.taken(0);
-  for (std::uint64_t k = 1; k <= data_rounds; ++k) {
-    std::byte* buf = r.acquire(k, everyone);
-    for (int j = 0; j < n; ++j) {
-      if (j == me) continue;
-      const Slice s = slice_of(v.send_counts[j] * es, k - 1, lane);
-      if (s.bytes > 0)
-        c.copy(buf + lane_index(me, j, n) * lane, in + v.send_displs[j] * es + s.begin, s.bytes);
-    }
-    r.post(k);
-    for (int t = 1; t < n; ++t) {
-      const int w = (me - t + n) % n;
-      const Slice s = slice_of(v.recv_counts[w] * es, k - 1, lane);
-      if (s.bytes > 0)
-        c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k) + lane_index(w, me, n) * lane,
-               s.bytes);
-    }
-    r.taken(k);
-  }
-  r.finish(1 + data_rounds);
+  std::size_t my_largest = 0;
+  for (int j = 0; j < n; ++j)
+    if (j != me) my_largest = std::max(my_largest, v.send_counts[j] * es);
+  Rounds r(c, n - 1, 2 * static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, my_largest,
+      [&](std::byte* buf) { write_header(buf, v.send_counts, &v.recv_counts); },
+      [&] {
+        check_pairs(c, r, v);
+        std::size_t largest = 0;  // every writer's largest block, from the descriptors
+        for (int q = 0; q < n; ++q)
+          largest = std::max<std::size_t>(largest, desc_of(c, q).aux.load());
+        return largest;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        for (int j = 0; j < n; ++j) {
+          if (j == me) continue;
+          const Slice s = slice_of(v.send_counts[j] * es, si, lane);
+          if (s.bytes > 0)
+            c.copy(buf + lane_index(me, j, n) * lane, in + v.send_displs[j] * es + s.begin,
+                   s.bytes);
+        }
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
+          if (s.bytes > 0)
+            c.copy(out + v.recv_displs[w] * es + s.begin,
+                   r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
+        }
+      });
 }
 
 void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -353,28 +454,22 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
   if (me == root && bytes > 0 && out + root * bytes != send)
     c.copy(out + root * bytes, send, bytes);
   if (n == 1) return;
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), 1);
-  const std::uint64_t total = std::max<std::uint64_t>(1, rounds_for(bytes, lane));
-  auto is_root = [root](int q) { return q == root; };
-  for (std::uint64_t k = 0; k < total; ++k) {
-    const Slice s = slice_of(bytes, k, lane);
-    if (me != root) {
-      std::byte* buf = r.acquire(k, is_root);
-      if (s.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
-      r.post(k);
-    }
-    if (k == 0) announce_and_check(c);
-    if (me == root) {
-      if (s.bytes > 0)
-        for (int t = 1; t < n; ++t) {
-          const int w = (me + t) % n;
-          c.copy(out + w * bytes + s.begin, r.await(w, k), s.bytes);
-        }
-      r.taken(k);
-    }
-  }
-  r.finish(total);
+  Rounds r(c, 1);
+  run_rounds(
+      c, r, me != root, me == root, [root](int q) { return q == root; }, bytes, nullptr,
+      [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int t = 1; t < n; ++t) {
+            const int w = (me + t) % n;
+            c.copy(out + w * bytes + s.begin, r.await(w, k), s.bytes);
+          }
+      });
 }
 
 void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -384,29 +479,23 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
   const auto* in = static_cast<const std::byte*>(send);
   if (me == root && bytes > 0 && recv != in + root * bytes) c.copy(recv, in + root * bytes, bytes);
   if (n == 1) return;
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), n - 1);
-  const std::uint64_t total = std::max<std::uint64_t>(1, rounds_for(bytes, lane));
-  auto not_root = [root](int q) { return q != root; };
-  for (std::uint64_t k = 0; k < total; ++k) {
-    const Slice s = slice_of(bytes, k, lane);
-    if (me == root) {
-      std::byte* buf = r.acquire(k, not_root);
-      if (s.bytes > 0)
-        for (int j = 0; j < n; ++j)
-          if (j != root)
-            c.copy(buf + lane_index(root, j, n) * lane, in + j * bytes + s.begin, s.bytes);
-      r.post(k);
-    }
-    if (k == 0) announce_and_check(c);
-    if (me != root) {
-      if (s.bytes > 0)
-        c.copy(static_cast<std::byte*>(recv) + s.begin,
-               r.await(root, k) + lane_index(root, me, n) * lane, s.bytes);
-      r.taken(k);
-    }
-  }
-  r.finish(total);
+  Rounds r(c, n - 1);
+  run_rounds(
+      c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
+      [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          for (int j = 0; j < n; ++j)
+            if (j != root)
+              c.copy(buf + lane_index(root, j, n) * lane, in + j * bytes + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0)
+          c.copy(static_cast<std::byte*>(recv) + s.begin,
+                 r.await(root, k) + lane_index(root, me, n) * lane, s.bytes);
+      });
 }
 
 void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
@@ -418,29 +507,25 @@ void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, cons
   if (my_bytes > 0 && out + v.recv_displs[me] * es != send)
     c.copy(out + v.recv_displs[me] * es, send, my_bytes);
   if (n == 1) return;
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), 1);
-  write_header(r.acquire(0, everyone), v.recv_counts);
-  r.post(0);
-  announce_and_check(c);
-  check_same_counts(c, r, v.recv_counts);
-  r.taken(0);
-  std::uint64_t data_rounds = 0;
-  for (int q = 0; q < n; ++q)
-    data_rounds = std::max(data_rounds, rounds_for(v.recv_counts[q] * es, lane));
-  for (std::uint64_t k = 1; k <= data_rounds; ++k) {
-    std::byte* buf = r.acquire(k, everyone);
-    const Slice mine = slice_of(my_bytes, k - 1, lane);
-    if (mine.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + mine.begin, mine.bytes);
-    r.post(k);
-    for (int t = 1; t < n; ++t) {
-      const int w = (me - t + n) % n;
-      const Slice s = slice_of(v.recv_counts[w] * es, k - 1, lane);
-      if (s.bytes > 0) c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k), s.bytes);
-    }
-    r.taken(k);
-  }
-  r.finish(1 + data_rounds);
+  Rounds r(c, 1, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, my_bytes,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      [&] {
+        check_same_counts(c, r, v.recv_counts);
+        return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(my_bytes, si, lane);
+        if (s.bytes > 0) c.copy(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
+          if (s.bytes > 0) c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k), s.bytes);
+        }
+      });
 }
 
 void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
@@ -455,35 +540,31 @@ void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv
     if (v.recv_counts[0] > 0 && recv != send) c.copy(recv, send, v.recv_counts[0] * es);
     return;
   }
-  Rounds r(c);
-  const std::size_t lane = staged_lane_bytes(c.seg->direct_bytes(), n);
-  write_header(r.acquire(0, everyone), v.recv_counts);
-  r.post(0);
-  announce_and_check(c);
-  check_same_counts(c, r, v.recv_counts);
-  r.taken(0);
-  std::uint64_t data_rounds = 0;
-  for (int q = 0; q < n; ++q)
-    data_rounds = std::max(data_rounds, rounds_for(v.recv_counts[q] * es, lane));
-  for (std::uint64_t k = 1; k <= data_rounds; ++k) {
-    std::byte* buf = r.acquire(k, everyone);
-    // Every block's slice, ours too: in place, out aliases our block of
-    // `send`, and the reduction must not read what it writes.
-    for (int j = 0; j < n; ++j) {
-      const Slice s = slice_of(v.recv_counts[j] * es, k - 1, lane);
-      if (s.bytes > 0) c.copy(buf + j * lane, in + offset[j] + s.begin, s.bytes);
-    }
-    r.post(k);
-    const Slice s = slice_of(v.recv_counts[me] * es, k - 1, lane);
-    if (s.bytes > 0) {
-      for (int t = 1; t < n; ++t) r.await((me + t) % n, k);
-      reduce_in_rank_order(
-          c, out + s.begin, [&](int q) { return r.buffer(q, k) + me * lane; }, n, s.bytes / es,
-          dtype, op);
-    }
-    r.taken(k);
-  }
-  r.finish(1 + data_rounds);
+  const std::size_t largest = *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+  Rounds r(c, n, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  run_rounds(
+      c, r, true, true, everyone, largest,
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      [&] {
+        check_same_counts(c, r, v.recv_counts);
+        return largest;
+      },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        // Every block's slice, ours too: in place, out aliases our block of
+        // `send`, and the reduction must not read what it writes.
+        for (int j = 0; j < n; ++j) {
+          const Slice s = slice_of(v.recv_counts[j] * es, si, lane);
+          if (s.bytes > 0) c.copy(buf + j * lane, in + offset[j] + s.begin, s.bytes);
+        }
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(v.recv_counts[me] * es, si, lane);
+        if (s.bytes == 0) return;
+        for (int t = 1; t < n; ++t) r.await((me + t) % n, k);
+        reduce_in_rank_order(
+            c, out + s.begin, [&](int q) { return r.buffer(q, k) + me * lane; }, n, s.bytes / es,
+            dtype, op);
+      });
 }
 
 }  // namespace shmring::algo

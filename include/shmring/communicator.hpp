@@ -188,6 +188,9 @@ class SHMRING_API Communicator {
   // the count vectors, displacements, roots and datatypes must agree where
   // MPI requires them to (a disagreement is MismatchError on every rank).
   // Counts and displacements are in elements of `dtype`, never bytes.
+  // The count and displacement spans are read during the call (the i-forms
+  // copy them), so they need not outlive it. Displacements are each rank's
+  // own layout and are not compared across ranks (as in MPI).
 
   /// Alltoall: block j (elements [j*count, (j+1)*count)) of this rank's
   /// `send` goes to block rank() of rank j's `recv`. `send` and `recv` each

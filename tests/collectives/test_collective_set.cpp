@@ -508,3 +508,77 @@ TEST_CASE("staged collectives interleaved with direct, two-shot and ring ones, m
     }));
   }
 }
+
+TEST_CASE(
+    "many rounds through the direct buffers (tiny slots), and big float16 blocks through "
+    "the slots with the direct allreduce's bits") {
+  // Slots of 2 x 4 KiB: half the slot area is smaller than a direct buffer,
+  // so big blocks take many direct rounds instead.
+  Options tiny;
+  tiny.slots = 2;
+  tiny.slot_bytes = 4096;
+  for (int n : {2, 3, 5}) {
+    INFO("n=", n);
+    check_all(run_ranks(
+        n,
+        [&](Communicator& c) {
+          const int me = c.rank();
+          std::vector<std::size_t> rc = counts_for(n), d;
+          rc[0] = 100003;
+          const std::size_t total = std::accumulate(rc.begin(), rc.end(), std::size_t{0});
+          std::vector<std::int32_t> out(reverse_displs(rc, d), -7), in(rc[me]);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+          c.allgatherv(in.data(), rc[me], out.data(), rc, d, DataType::int32);
+          for (int j = 0; j < n; ++j)
+            for (std::size_t i = 0; i < rc[j]; ++i)
+              SHMRING_CHILD_CHECK(out[d[j] + i] == val(j, i), "allgatherv from %d [%zu]", j, i);
+          std::vector<std::int64_t> big(total), red(rc[me]);
+          for (std::size_t i = 0; i < total; ++i) big[i] = val(me, i);
+          c.reduce_scatter_v(big.data(), red.data(), rc, DataType::int64, ReduceOp::sum);
+          std::size_t mine = 0;
+          for (int j = 0; j < me; ++j) mine += rc[j];
+          for (std::size_t i = 0; i < rc[me]; ++i) {
+            std::int64_t e = 0;
+            for (int r = 0; r < n; ++r) e += val(r, mine + i);
+            SHMRING_CHILD_CHECK(red[i] == e, "reduce_scatter_v [%zu]", i);
+          }
+          const std::size_t k = 30011;
+          std::vector<std::int32_t> a(k * n), b(k * n, -1);
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = val(me, i);
+          c.alltoall(a.data(), b.data(), k, DataType::int32);
+          for (int j = 0; j < n; ++j)
+            SHMRING_CHILD_CHECK(
+                b[j * k + k - 1] == val(j, me * k + k - 1) && b[j * k] == val(j, me * k),
+                "alltoall block %d", j);
+        },
+        120, tiny));
+  }
+  // Slots of 8 x 1 MiB and 1 MiB direct buffers: a 400 KB float16 block is
+  // bigger than a direct lane, so it goes through the slots; the whole
+  // buffer still fits the one-shot allreduce, which reduces in rank order.
+  Options roomy;
+  roomy.slots = 8;
+  roomy.slot_bytes = 1 << 20;
+  setenv("SHMRING_DIRECT_BYTES", "1048576", 1);
+  setenv("SHMRING_ALGO", "direct", 1);
+  check_all(run_ranks(
+      3,
+      [&](Communicator& c) {
+        const int me = c.rank();
+        std::vector<std::size_t> rc = {200000, 7, 30000};
+        const std::size_t total = 230007;
+        std::vector<std::uint16_t> in(total), all(total), out(rc[me]);
+        for (std::size_t i = 0; i < total; ++i)
+          in[i] = static_cast<std::uint16_t>(0x3c00 + ((i * 37 + me * 101) % 0x3ff));
+        c.allreduce(in.data(), all.data(), total, DataType::float16, ReduceOp::sum);
+        c.reduce_scatter_v(in.data(), out.data(), rc, DataType::float16, ReduceOp::sum);
+        std::size_t mine = 0;
+        for (int j = 0; j < me; ++j) mine += rc[j];
+        for (std::size_t i = 0; i < rc[me]; ++i)
+          SHMRING_CHILD_CHECK(out[i] == all[mine + i], "rank %d [%zu]: %04x vs %04x", me, i, out[i],
+                              all[mine + i]);
+      },
+      120, roomy));
+  unsetenv("SHMRING_DIRECT_BYTES");
+  unsetenv("SHMRING_ALGO");
+}
