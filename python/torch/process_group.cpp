@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <random>
 
@@ -167,8 +166,7 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
 }
 
 // Counts and displacements (in elements of the move type) of a
-// v-collective. The epilogue holds them until the collective completes, so
-// the spans the i-call was given stay valid whether or not it copies them.
+// v-collective; the Start lambda holds a copy (the i-calls copy the spans).
 struct Layout {
   std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
 };
@@ -254,13 +252,6 @@ std::vector<std::size_t> split_counts(const at::Tensor& t, const std::vector<int
   TORCH_CHECK(sum == rows, "shmring backend: ", op, ": ", what, " split sizes sum to ", sum,
               " but the ", what, " tensor has ", rows, " rows (dim 0)");
   return counts;
-}
-
-// Runs `first` (may be empty) and keeps `layout` alive until then.
-std::function<void()> holding(std::shared_ptr<const Layout> layout, std::function<void()> first) {
-  return [layout = std::move(layout), first = std::move(first)] {
-    if (first) first();
-  };
 }
 
 }  // namespace
@@ -401,24 +392,24 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
   // path: allgather when the sizes are equal, allgatherv when not.
   Staged in = stage(input);
   const MoveType m = move_type(input, kOp);
-  auto layout = std::make_shared<Layout>();
-  layout->recv_counts = numels(outputs, m.per_element);
+  Layout layout;
+  layout.recv_counts = numels(outputs, m.per_element);
   std::int64_t total = 0;
   for (const auto& o : outputs) total += o.numel();
   at::Tensor flat = at::empty({total}, input.options());
   const Raw send = raw_of(in.buffer, kOp);
   void* recv = flat.data_ptr();
-  if (all_equal(layout->recv_counts)) {
+  if (all_equal(layout.recv_counts)) {
     return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
                   unflatten_into(flat, outputs), [=](Communicator& c) {
                     return c.iallgather(send.data, recv, send.count, send.dtype);
                   });
   }
-  layout->recv_displs = packed_displs(layout->recv_counts);
+  layout.recv_displs = packed_displs(layout.recv_counts);
   return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
-                holding(layout, unflatten_into(flat, outputs)), [=](Communicator& c) {
-                  return c.iallgatherv(send.data, send.count, recv, layout->recv_counts,
-                                       layout->recv_displs, send.dtype);
+                unflatten_into(flat, outputs), [=](Communicator& c) {
+                  return c.iallgatherv(send.data, send.count, recv, layout.recv_counts,
+                                       layout.recv_displs, send.dtype);
                 });
 }
 
@@ -460,16 +451,16 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
   const auto count = static_cast<std::size_t>(output.numel());
   // Every rank holds the same list of input sizes: equal sizes take
   // reduce_scatter on every rank, uneven ones reduce_scatter_v.
-  auto layout = std::make_shared<Layout>();
-  layout->recv_counts = numels(inputs, 1);
-  if (all_equal(layout->recv_counts)) {
+  Layout layout;
+  layout.recv_counts = numels(inputs, 1);
+  if (all_equal(layout.recv_counts)) {
     return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
                   {flat, out.buffer}, copy_back({out}),
                   [=](Communicator& c) { return c.ireduce_scatter(send, recv, count, dtype, op); });
   }
   return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
-                {flat, out.buffer}, holding(layout, copy_back({out})), [=](Communicator& c) {
-                  return c.ireduce_scatter_v(send, recv, layout->recv_counts, dtype, op);
+                {flat, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  return c.ireduce_scatter_v(send, recv, layout.recv_counts, dtype, op);
                 });
 }
 
@@ -577,10 +568,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
               ": the output has dtype ", dtype_name(output_buffer.scalar_type()), ", expected ",
               dtype_name(input_buffer.scalar_type()));
   const MoveType m = move_type(input_buffer, kOp);
-  auto layout = std::make_shared<Layout>();
-  layout->send_counts =
+  Layout layout;
+  layout.send_counts =
       split_counts(input_buffer, input_split_sizes, size_, m.per_element, kOp, "input");
-  layout->recv_counts =
+  layout.recv_counts =
       split_counts(output_buffer, output_split_sizes, size_, m.per_element, kOp, "output");
   Staged in = stage(input_buffer);
   Staged out = stage_output(output_buffer);
@@ -596,17 +587,17 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
     TORCH_CHECK(output_buffer.numel() == input_buffer.numel(), "shmring backend: ", kOp,
                 ": the output has ", output_buffer.numel(), " elements but the input ",
                 input_buffer.numel(), "; without split sizes they must be equal");
-    const std::size_t count = layout->send_counts[0];
+    const std::size_t count = layout.send_counts[0];
     return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
                   {in.buffer, out.buffer}, copy_back({out}),
                   [=](Communicator& c) { return c.ialltoall(send, recv, count, dtype); });
   }
-  layout->send_displs = packed_displs(layout->send_counts);
-  layout->recv_displs = packed_displs(layout->recv_counts);
+  layout.send_displs = packed_displs(layout.send_counts);
+  layout.recv_displs = packed_displs(layout.recv_counts);
   return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
-                {in.buffer, out.buffer}, holding(layout, copy_back({out})), [=](Communicator& c) {
-                  return c.ialltoallv(send, layout->send_counts, layout->send_displs, recv,
-                                      layout->recv_counts, layout->recv_displs, dtype);
+                {in.buffer, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
+                                      layout.recv_counts, layout.recv_displs, dtype);
                 });
 }
 
@@ -623,11 +614,11 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
   // Always alltoallv: tensor j of the lists goes to and comes from rank j,
   // and whether all of a rank's sizes are equal is its own view only.
   const MoveType m = move_type(like, kOp);
-  auto layout = std::make_shared<Layout>();
-  layout->send_counts = numels(input_tensors, m.per_element);
-  layout->recv_counts = numels(output_tensors, m.per_element);
-  layout->send_displs = packed_displs(layout->send_counts);
-  layout->recv_displs = packed_displs(layout->recv_counts);
+  Layout layout;
+  layout.send_counts = numels(input_tensors, m.per_element);
+  layout.recv_counts = numels(output_tensors, m.per_element);
+  layout.send_displs = packed_displs(layout.send_counts);
+  layout.recv_displs = packed_displs(layout.recv_counts);
   at::Tensor flat_in = flatten(input_tensors);
   std::int64_t total = 0;
   for (const auto& o : output_tensors) total += o.numel();
@@ -636,9 +627,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
   void* recv = flat_out.data_ptr();
   const DataType dtype = m.dtype;
   return launch(::c10d::OpType::ALLTOALL, "shmring:all_to_all", output_tensors, {flat_in, flat_out},
-                holding(layout, unflatten_into(flat_out, output_tensors)), [=](Communicator& c) {
-                  return c.ialltoallv(send, layout->send_counts, layout->send_displs, recv,
-                                      layout->recv_counts, layout->recv_displs, dtype);
+                unflatten_into(flat_out, output_tensors), [=](Communicator& c) {
+                  return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
+                                      layout.recv_counts, layout.recv_displs, dtype);
                 });
 }
 
