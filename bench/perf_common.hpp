@@ -39,7 +39,18 @@
 
 namespace shmring::bench {
 
-enum class Collective { allreduce, reduce_scatter, allgather, broadcast, reduce };
+enum class Collective {
+  allreduce,
+  reduce_scatter,
+  allgather,
+  broadcast,
+  reduce,
+  alltoall,
+  alltoallv,
+  gather,
+  scatter,
+  allgatherv
+};
 
 // What the driver needs to know of a collective: its name, whether it takes
 // an operator or a root, whether it has an out-of-place form, and the bus
@@ -50,6 +61,7 @@ struct CollectiveInfo {
   bool has_op;
   bool has_root;
   bool has_out_of_place;
+  bool has_in_place = true;
 };
 
 inline constexpr CollectiveInfo info(Collective c) {
@@ -65,6 +77,16 @@ inline constexpr CollectiveInfo info(Collective c) {
       return {"broadcast", false, true, false};
     case Collective::reduce:
       return {"reduce", true, true, true};
+    case Collective::alltoall:
+      return {"alltoall", false, false, true, false};
+    case Collective::alltoallv:
+      return {"alltoallv", false, false, true, false};
+    case Collective::gather:
+      return {"gather", false, true, true};
+    case Collective::scatter:
+      return {"scatter", false, true, true};
+    case Collective::allgatherv:
+      return {"allgatherv", false, false, true};
   }
   return {"?", false, false, false};
 }
@@ -76,6 +98,11 @@ inline double busbw_factor(Collective c, int n) {
       return 2.0 * (n - 1) / n;
     case Collective::reduce_scatter:
     case Collective::allgather:
+    case Collective::alltoall:
+    case Collective::alltoallv:
+    case Collective::gather:
+    case Collective::scatter:
+    case Collective::allgatherv:
       return static_cast<double>(n - 1) / n;
     case Collective::broadcast:
     case Collective::reduce:
@@ -85,13 +112,21 @@ inline double busbw_factor(Collective c, int n) {
 }
 
 // nccl-tests' size column is the largest buffer of one rank: the gathered
-// recv buffer of allgather, the full send buffer of reduce_scatter, the
+// recv buffer of allgather, allgatherv and gather (at the root), the full
+// send buffer of reduce_scatter, alltoall and scatter (at the root), the
 // buffer otherwise. The count column is the count the call takes (per rank
-// for allgather and reduce_scatter), so size = count x element size x the
-// number of blocks below.
+// for allgather, reduce_scatter, gather and scatter, per peer for alltoall;
+// the mean of the uneven counts for alltoallv and allgatherv), so size =
+// count x element size x the number of blocks below.
 inline std::size_t blocks(Collective c, int n) {
-  return c == Collective::allgather || c == Collective::reduce_scatter ? static_cast<std::size_t>(n)
-                                                                       : 1;
+  switch (c) {
+    case Collective::allreduce:
+    case Collective::broadcast:
+    case Collective::reduce:
+      return 1;
+    default:
+      return static_cast<std::size_t>(n);
+  }
 }
 
 struct PerfOptions {
@@ -115,7 +150,10 @@ struct PerfOptions {
   bool json = false;
   bool no_floor = false;
   bool in_place_only = false;
-  int root = 0;  // -r: broadcast and reduce
+  bool out_of_place_only = false;
+  bool uneven = false;  // alltoall_perf --uneven: alltoallv with uneven counts
+  bool even = false;    // allgatherv_perf --even: equal counts through allgatherv
+  int root = 0;         // -r: broadcast and reduce
   // With -n: iterations shrink for large sizes so that one size moves about
   // this many bytes per round (at least 3 iterations, at most `iters`).
   double budget_bytes = 2.0 * (1u << 30);
@@ -230,6 +268,16 @@ inline void add_perf_options(CLI::App& app, PerfOptions& o,
   app.add_flag("--json", o.json, "JSON output (rank 0, stdout)");
   app.add_flag("--no-floor", o.no_floor, "Skip the concurrent-memcpy floor measurement");
   app.add_flag("--in-place-only", o.in_place_only, "Skip the out-of-place measurement");
+  app.add_flag("--out-of-place-only", o.out_of_place_only, "Skip the in-place measurement");
+  if (coll == Collective::alltoall)
+    app.add_flag("--uneven", o.uneven,
+                 "Run alltoallv with uneven per-peer counts (rank i sends f((j-i) mod n) "
+                 "elements to rank j, f growing with its argument, every rank sending and "
+                 "receiving n x count in all)");
+  if (coll == Collective::allgatherv)
+    app.add_flag("--even", o.even,
+                 "Equal counts (count per rank) instead of the default uneven ones "
+                 "(rank r contributes about (r+1) / (n(n+1)/2) of the total)");
   app.add_option_function<std::string>(
          "--budget",
          [&o](const std::string& s) { o.budget_bytes = static_cast<double>(parse_bytes(s)); },
@@ -245,6 +293,8 @@ inline void validate(const PerfOptions& o) {
     throw CLI::ValidationError(
         fmt::format("-b {} is larger than -e {}: expected min <= max", o.min_bytes, o.max_bytes));
   if (o.csv && o.json) throw CLI::ValidationError("--csv and --json: choose one");
+  if (o.in_place_only && o.out_of_place_only)
+    throw CLI::ValidationError("--in-place-only and --out-of-place-only: choose one");
 }
 
 // ---- Values: conversions between the element types and double. ----
@@ -411,6 +461,75 @@ inline std::byte* at(void* base, std::size_t elems, std::size_t elem_size) {
 
 // ---- One call ----
 
+// Counts and displacements (elements) of one rank's alltoall(v) or
+// allgatherv call; empty for the other collectives.
+struct VLayout {
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+// `total` elements in n parts that grow with the part's index: part k gets
+// about (k+1) / (n(n+1)/2) of the total, the rounding remainder goes to the
+// last, so the parts sum to `total` exactly and small totals leave zeros in
+// the first parts (the case a v-collective must not trip on).
+inline std::vector<std::size_t> uneven_split(std::size_t total, int n) {
+  std::vector<std::size_t> parts(static_cast<std::size_t>(n));
+  const std::size_t weights = static_cast<std::size_t>(n) * (n + 1) / 2;
+  std::size_t given = 0;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    parts[k] = total * (k + 1) / weights;
+    given += parts[k];
+  }
+  parts.back() += total - given;
+  return parts;
+}
+
+inline std::vector<std::size_t> packed_displs(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> displs(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    displs[j] = offset;
+    offset += counts[j];
+  }
+  return displs;
+}
+
+// The layout of rank `me` for a count column of `count`:
+// - alltoall: count elements to and from every peer, blocks in rank order.
+// - alltoallv: rank i sends f((j - i) mod n) elements to rank j, f =
+//   uneven_split(n x count): every rank sends and receives n x count in all
+//   (each f value once per row and column), the pair (i, j) differs from
+//   (j, i), and the blocks to oneself are the smallest.
+// - allgatherv: rank r contributes uneven_split(n x count)[r] elements
+//   (count each with `even`), packed in rank order.
+inline VLayout v_layout(Collective c, std::size_t count, int n, int me, bool even) {
+  VLayout v;
+  const auto un = static_cast<std::size_t>(n);
+  const auto ume = static_cast<std::size_t>(me);
+  switch (c) {
+    case Collective::alltoall:
+      v.send_counts.assign(un, count);
+      v.recv_counts.assign(un, count);
+      break;
+    case Collective::alltoallv: {
+      const std::vector<std::size_t> f = uneven_split(un * count, n);
+      for (std::size_t j = 0; j < un; ++j) {
+        v.send_counts.push_back(f[(j + un - ume) % un]);
+        v.recv_counts.push_back(f[(ume + un - j) % un]);
+      }
+      break;
+    }
+    case Collective::allgatherv:
+      v.recv_counts = even ? std::vector<std::size_t>(un, count) : uneven_split(un * count, n);
+      v.send_counts = {v.recv_counts[ume]};
+      break;
+    default:
+      return v;
+  }
+  v.send_displs = packed_displs(v.send_counts);
+  v.recv_displs = packed_displs(v.recv_counts);
+  return v;
+}
+
 // The arguments of one collective call in the driver's terms: `count` is the
 // count column (per rank for allgather and reduce_scatter).
 struct Call {
@@ -420,6 +539,7 @@ struct Call {
   std::size_t elem_size;
   ReduceOp op;
   int root;
+  VLayout v;  // alltoall(v), allgatherv
 };
 
 // Out of place: send -> recv. In place: everything in `buf`, which holds the
@@ -459,6 +579,43 @@ void invoke(Backend& b, const Call& c, const void* send, void* recv) {
       else
         missing();
       return;
+    case Collective::alltoall:
+      if constexpr (requires { b.alltoall(send, recv, c.count, c.dtype); })
+        b.alltoall(send, recv, c.count, c.dtype);
+      else
+        missing();
+      return;
+    case Collective::alltoallv:
+      if constexpr (requires {
+                      b.alltoallv(send, c.v.send_counts, c.v.send_displs, recv, c.v.recv_counts,
+                                  c.v.recv_displs, c.dtype);
+                    })
+        b.alltoallv(send, c.v.send_counts, c.v.send_displs, recv, c.v.recv_counts, c.v.recv_displs,
+                    c.dtype);
+      else
+        missing();
+      return;
+    case Collective::gather:
+      if constexpr (requires { b.gather(send, recv, c.count, c.dtype, c.root); })
+        b.gather(send, recv, c.count, c.dtype, c.root);
+      else
+        missing();
+      return;
+    case Collective::scatter:
+      if constexpr (requires { b.scatter(send, recv, c.count, c.dtype, c.root); })
+        b.scatter(send, recv, c.count, c.dtype, c.root);
+      else
+        missing();
+      return;
+    case Collective::allgatherv:
+      if constexpr (requires {
+                      b.allgatherv(send, c.v.send_counts[0], recv, c.v.recv_counts, c.v.recv_displs,
+                                   c.dtype);
+                    })
+        b.allgatherv(send, c.v.send_counts[0], recv, c.v.recv_counts, c.v.recv_displs, c.dtype);
+      else
+        missing();
+      return;
   }
 }
 
@@ -470,8 +627,18 @@ void invoke_in_place(Backend& b, const Call& c, void* buf) {
       invoke(b, c, buf, at(buf, mine, c.elem_size));
       return;
     case Collective::allgather:
+    case Collective::gather:
       invoke(b, c, at(buf, mine, c.elem_size), buf);
       return;
+    case Collective::scatter:
+      invoke(b, c, buf, at(buf, mine, c.elem_size));
+      return;
+    case Collective::allgatherv:
+      invoke(b, c, at(buf, c.v.recv_displs[static_cast<std::size_t>(b.rank())], c.elem_size), buf);
+      return;
+    case Collective::alltoall:
+    case Collective::alltoallv:
+      throw std::logic_error(fmt::format("{} has no in-place form", info(c.coll).name));
     default:
       invoke(b, c, buf, buf);
       return;
@@ -616,6 +783,63 @@ long long check_once(Backend& b, const Call& c, void* send, void* recv, bool in_
       for (std::size_t i = 0; i < count; ++i) expect(recv, i, move_pattern(c.root, i, t));
       break;
     }
+    case Collective::alltoall:
+    case Collective::alltoallv: {
+      // Rank i's send element x is move_pattern(i, x): block j of my recv
+      // must hold what rank j sent from its offset for me.
+      const VLayout& v = c.v;
+      fill(send, 0, count * static_cast<std::size_t>(n),
+           [&](std::size_t i) { return move_pattern(me, i, t); });
+      fill(recv, 0, count * static_cast<std::size_t>(n), bad);
+      invoke(b, c, send, recv);
+      for (int j = 0; j < n; ++j) {
+        const auto uj = static_cast<std::size_t>(j);
+        const std::size_t from =
+            v_layout(c.coll, count, n, j, false).send_displs[static_cast<std::size_t>(me)];
+        for (std::size_t k = 0; k < v.recv_counts[uj]; ++k)
+          expect(recv, v.recv_displs[uj] + k, move_pattern(j, from + k, t));
+      }
+      break;
+    }
+    case Collective::gather: {
+      // Root's recv block r must hold rank r's count elements.
+      const std::size_t total = count * static_cast<std::size_t>(n);
+      if (me == c.root) fill(recv, 0, total, bad);
+      void* in = in_place ? at(recv, mine, c.elem_size) : send;
+      fill(in, 0, count, [&](std::size_t i) { return move_pattern(me, i, t); });
+      invoke(b, c, in, recv);
+      if (me == c.root)
+        for (std::size_t j = 0; j < total; ++j)
+          expect(recv, j, move_pattern(static_cast<int>(j / count), j % count, t));
+      break;
+    }
+    case Collective::scatter: {
+      // Block r of root's send holds rank r's values; every rank checks its own.
+      void* in = in_place ? recv : send;
+      if (me == c.root)
+        fill(in, 0, count * static_cast<std::size_t>(n), [&](std::size_t j) {
+          return move_pattern(static_cast<int>(j / count), j % count, t);
+        });
+      void* out = in_place ? at(recv, mine, c.elem_size) : recv;
+      if (!(in_place && me == c.root)) fill(out, 0, count, bad);
+      invoke(b, c, in, out);
+      for (std::size_t i = 0; i < count; ++i) expect(out, i, move_pattern(me, i, t));
+      break;
+    }
+    case Collective::allgatherv: {
+      const VLayout& v = c.v;
+      const auto ume = static_cast<std::size_t>(me);
+      fill(recv, 0, count * static_cast<std::size_t>(n), bad);
+      void* in = in_place ? at(recv, v.recv_displs[ume], c.elem_size) : send;
+      fill(in, 0, v.recv_counts[ume], [&](std::size_t i) { return move_pattern(me, i, t); });
+      invoke(b, c, in, recv);
+      for (int j = 0; j < n; ++j) {
+        const auto uj = static_cast<std::size_t>(j);
+        for (std::size_t k = 0; k < v.recv_counts[uj]; ++k)
+          expect(recv, v.recv_displs[uj] + k, move_pattern(j, k, t));
+      }
+      break;
+    }
   }
   return static_cast<long long>(b.sum_over_ranks(static_cast<double>(wrong)));
 }
@@ -629,6 +853,45 @@ inline double busbw_factor(int n) {
 // allreduce_perf keeps the table, CSV and JSON it always had (bench/compare
 // reads them); the other collectives add nccl-tests' root column (-1 where
 // there is none) and, in CSV and JSON, the collective's name.
+inline const char* size_column(Collective c) {
+  switch (c) {
+    case Collective::allgather:
+    case Collective::allgatherv:
+      return "recv (ranks x count)";
+    case Collective::reduce_scatter:
+      return "send (ranks x count)";
+    case Collective::alltoall:
+    case Collective::alltoallv:
+      return "send = recv (ranks x count)";
+    case Collective::gather:
+      return "root's recv (ranks x count)";
+    case Collective::scatter:
+      return "root's send (ranks x count)";
+    default:
+      return "buffer";
+  }
+}
+
+inline const char* count_column(Collective c) {
+  switch (c) {
+    case Collective::alltoall:
+      return " (per peer)";
+    case Collective::alltoallv:
+    case Collective::allgatherv:
+      return " (per rank, on average)";
+    default:
+      return blocks(c, 2) > 1 ? " (per rank)" : "";
+  }
+}
+
+// The phases a run measures: a collective's forms, less the one the options skip.
+inline bool has_in_place_phase(const PerfOptions& o, Collective c) {
+  return info(c).has_in_place && !o.out_of_place_only;
+}
+inline bool has_out_of_place_phase(const PerfOptions& o, Collective c) {
+  return info(c).has_out_of_place && !o.in_place_only;
+}
+
 inline void print_header(const PerfOptions& o, const char* backend, int nranks, Collective coll) {
   const bool extra = coll != Collective::allreduce;
   if (o.csv) {
@@ -653,25 +916,31 @@ inline void print_header(const PerfOptions& o, const char* backend, int nranks, 
       o.vary ? " (cache-cold: -I)" : "");
   if (extra)
     fmt::print("# size = {} bytes, count = elements per call{}; busbw = algbw x {}\n",
-               coll == Collective::allgather        ? "recv (ranks x count)"
-               : coll == Collective::reduce_scatter ? "send (ranks x count)"
-                                                    : "buffer",
-               blocks(coll, nranks) > 1 ? " (per rank)" : "",
+               size_column(coll), count_column(coll),
                coll == Collective::broadcast || coll == Collective::reduce ? "1" : "(n-1)/n");
+  if (coll == Collective::alltoallv || coll == Collective::allgatherv)
+    fmt::print("# counts: {}\n",
+               coll == Collective::alltoallv
+                   ? "uneven: rank i sends f((j-i) mod n) to rank j, f(k) ~ (k+1) x 2 count/(n+1)"
+               : o.even ? "even: count from every rank"
+                        : "uneven: rank r sends f(r) ~ (r+1) x 2 count/(n+1)");
+  const bool ip = has_in_place_phase(o, coll);
   fmt::print(
       "# floor = every rank copies its buffer once, concurrently (memcpy); "
-      "floor/ip = floor time / in-place time\n"
-      "# time = mean over all timed calls; in-place first = the first call of the size, "
-      "min/med/max = over the rounds' means\n#\n");
+      "floor/{0} = floor time / {1} time\n"
+      "# time = mean over all timed calls; {1} first = the first call of the size, "
+      "min/med/max = over the rounds' means\n#\n",
+      ip ? "ip" : "oop", ip ? "in-place" : "out-of-place");
   const std::string root_h = extra ? fmt::format(" {:>4}", "root") : "";
   const std::string root_u = extra ? fmt::format(" {:>4}", "") : "";
   fmt::print("#{:>{}} {:>32} {:>32} {:>18} {:>39}\n", "", extra ? 48 : 43, "out-of-place",
-             "in-place", "", "in-place spread");
+             "in-place", "", ip ? "in-place spread" : "out-of-place spread");
   fmt::print(
       "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
       "{:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
       "size", "count", "type", "redop", root_h, "n", "time", "algbw", "busbw", "#wrong", "time",
-      "algbw", "busbw", "#wrong", "floor", "floor/ip", "first", "min", "med", "max");
+      "algbw", "busbw", "#wrong", "floor", ip ? "floor/ip" : "floor/oop", "first", "min", "med",
+      "max");
   fmt::print(
       "#{:>11} {:>12} {:>8} {:>6}{} {:>4} {:>9} {:>7} {:>7} {:>6} {:>9} {:>7} {:>7} {:>6} "
       "{:>9} {:>8} {:>9} {:>9} {:>9} {:>9}\n",
@@ -691,10 +960,14 @@ struct RowLabels {
   Collective coll;
   int root;      // -1: none
   bool has_oop;  // the collective has an out-of-place form
+  bool has_ip;   // the in-place phase runs (the collective has one, not --out-of-place-only)
 };
 
 inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bool first) {
-  const double ratio = r.ip.us > 0 && r.floor_us > 0 ? r.floor_us / r.ip.us : 0;
+  // The floor ratio and the spread columns are the in-place phase's, or the
+  // out-of-place one's where there is no in-place phase.
+  const Timing& main = l.has_ip ? r.ip : r.oop;
+  const double ratio = main.us > 0 && r.floor_us > 0 ? r.floor_us / main.us : 0;
   const bool extra = l.coll != Collective::allreduce;
   if (o.csv) {
     const std::string oop = l.has_oop ? fmt::format("{:.3f},{:.4f},{:.4f},{}", r.oop.us,
@@ -703,10 +976,13 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
     auto spread = [](const Timing& t) {
       return fmt::format("{:.3f},{:.3f},{:.3f},{:.3f}", t.first_us, t.min_us, t.med_us, t.max_us);
     };
-    fmt::print("{},{},{},{},{},{},{},{},{:.3f},{:.4f},{:.4f},{},{:.3f},{:.4f}{},{},{}\n", l.backend,
-               l.nranks, r.bytes, r.count, l.type, l.op, r.iters, oop, r.ip.us, r.ip.algbw,
-               r.ip.busbw, r.ip.wrong, r.floor_us, ratio,
-               extra ? fmt::format(",{},{}", info(l.coll).name, l.root) : "", spread(r.ip),
+    const std::string ip = l.has_ip ? fmt::format("{:.3f},{:.4f},{:.4f},{}", r.ip.us, r.ip.algbw,
+                                                  r.ip.busbw, r.ip.wrong)
+                                    : std::string(",,,");
+    fmt::print("{},{},{},{},{},{},{},{},{},{:.3f},{:.4f}{},{},{}\n", l.backend, l.nranks, r.bytes,
+               r.count, l.type, l.op, r.iters, oop, ip, r.floor_us, ratio,
+               extra ? fmt::format(",{},{}", info(l.coll).name, l.root) : "",
+               l.has_ip ? spread(r.ip) : std::string(",,,"),
                l.has_oop ? spread(r.oop) : std::string(",,,"));
   } else if (o.json) {
     const std::string oop =
@@ -719,26 +995,31 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
         "{}\n  {{{}\"backend\": \"{}\", \"nranks\": {}, \"size\": {}, \"count\": {}, "
         "\"type\": \"{}\", \"redop\": \"{}\", {}\"iters\": {}, "
         "\"out_of_place\": {}, "
-        "\"in_place\": {{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
-        "\"wrong\": {}, \"first_us\": {:.3f}, \"min_us\": {:.3f}, \"med_us\": {:.3f}, "
-        "\"max_us\": {:.3f}}}, \"floor_us\": {:.3f}, \"floor_ratio\": {:.4f}}}",
+        "\"in_place\": {}, \"floor_us\": {:.3f}, \"floor_ratio\": {:.4f}}}",
         first ? "[" : ",", extra ? fmt::format("\"collective\": \"{}\", ", info(l.coll).name) : "",
         l.backend, l.nranks, r.bytes, r.count, l.type, l.op,
-        extra ? fmt::format("\"root\": {}, ", l.root) : "", r.iters, oop, r.ip.us, r.ip.algbw,
-        r.ip.busbw, r.ip.wrong, r.ip.first_us, r.ip.min_us, r.ip.med_us, r.ip.max_us, r.floor_us,
-        ratio);
+        extra ? fmt::format("\"root\": {}, ", l.root) : "", r.iters, oop,
+        l.has_ip ? fmt::format("{{\"time_us\": {:.3f}, \"algbw\": {:.4f}, \"busbw\": {:.4f}, "
+                               "\"wrong\": {}, \"first_us\": {:.3f}, \"min_us\": {:.3f}, "
+                               "\"med_us\": {:.3f}, \"max_us\": {:.3f}}}",
+                               r.ip.us, r.ip.algbw, r.ip.busbw, r.ip.wrong, r.ip.first_us,
+                               r.ip.min_us, r.ip.med_us, r.ip.max_us)
+                 : std::string("null"),
+        r.floor_us, ratio);
   } else {
     const std::string root = extra ? fmt::format(" {:>4}", l.root) : "";
     const std::string oop = l.has_oop
                                 ? fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>6}", r.oop.us,
                                               r.oop.algbw, r.oop.busbw, wrong_str(o, r.oop.wrong))
                                 : fmt::format("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-");
+    const std::string ip = l.has_ip ? fmt::format("{:>9.2f} {:>7.2f} {:>7.2f} {:>6}", r.ip.us,
+                                                  r.ip.algbw, r.ip.busbw, wrong_str(o, r.ip.wrong))
+                                    : fmt::format("{:>9} {:>7} {:>7} {:>6}", "-", "-", "-", "-");
     fmt::print(
-        " {:>11} {:>12} {:>8} {:>6}{} {:>4} {} {:>9.2f} "
-        "{:>7.2f} {:>7.2f} {:>6} {:>9.2f} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n",
-        r.bytes, r.count, l.type, l.op, root, l.nranks, oop, r.ip.us, r.ip.algbw, r.ip.busbw,
-        wrong_str(o, r.ip.wrong), r.floor_us, ratio, r.ip.first_us, r.ip.min_us, r.ip.med_us,
-        r.ip.max_us);
+        " {:>11} {:>12} {:>8} {:>6}{} {:>4} {} {} {:>9.2f} {:>8.2f} {:>9.2f} {:>9.2f} {:>9.2f} "
+        "{:>9.2f}\n",
+        r.bytes, r.count, l.type, l.op, root, l.nranks, oop, ip, r.floor_us, ratio, main.first_us,
+        main.min_us, main.med_us, main.max_us);
   }
   std::fflush(stdout);
 }
@@ -749,6 +1030,7 @@ inline void print_row(const PerfOptions& o, const RowLabels& l, const Row& r, bo
 // Returns 0 when every checked element was right, 1 otherwise.
 template <class Backend>
 int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
+  if (coll == Collective::alltoall && o.uneven) coll = Collective::alltoallv;
   const CollectiveInfo ci = info(coll);
   const TypeInfo& ti = parse_type(o.dtype);
   // Collectives without an operator move data only: any type they support
@@ -763,7 +1045,12 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
   if (ci.has_root && (o.root < 0 || o.root >= n))
     throw CLI::ValidationError(
         "-r", fmt::format("root {}: expected a rank in [0, {}) for {} ranks", o.root, n, n));
-  const bool has_oop = ci.has_out_of_place && !o.in_place_only;
+  const bool has_oop = has_out_of_place_phase(o, coll);
+  const bool has_ip = has_in_place_phase(o, coll);
+  if (!has_oop && !has_ip)
+    throw CLI::ValidationError(fmt::format(
+        "{} has no {} form: drop {}", ci.name, o.in_place_only ? "in-place" : "out-of-place",
+        o.in_place_only ? "--in-place-only" : "--out-of-place-only"));
   const bool printer = b.rank() == 0;
   if (printer) print_header(o, b.name(), n, coll);
   // --in-place-only prints zeros in the out-of-place columns (as it always
@@ -774,7 +1061,8 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
                          ci.has_op ? op_name(op) : "none",
                          coll,
                          ci.has_root ? o.root : -1,
-                         ci.has_out_of_place};
+                         ci.has_out_of_place,
+                         has_ip};
 
   // Sizes: the size column for a count of at least one element (per rank
   // for the collectives with ranks x count buffers).
@@ -790,7 +1078,9 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
   long long wrong_total = 0;
   bool first = true;
   for (std::size_t bytes : sizes) {
-    const Call call{coll, bytes / unit, ti.dtype, ti.size, op, o.root};
+    const std::size_t count = bytes / unit;
+    const Call call{
+        coll, count, ti.dtype, ti.size, op, o.root, v_layout(coll, count, n, b.rank(), o.even)};
     // Both buffers hold the size column's bytes: out of place uses the part
     // of each the call needs, in place and the floor use all of recv.
     // Cache-cold mode (-I) rotates through page-aligned buffers carved from
@@ -823,12 +1113,14 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
       }));
       if (o.check) row.oop.wrong = check_once(b, call, send[0], recv[0], false);
     }
-    row.ip = fill(time_phase(b, o, bytes, [&](int i) {
-      auto k = static_cast<std::size_t>(i) % nbuf;
-      invoke_in_place(b, call, recv[k]);
-    }));
-    row.iters = row.ip.calls;
-    if (o.check) row.ip.wrong = check_once(b, call, send[0], recv[0], true);
+    if (has_ip) {
+      row.ip = fill(time_phase(b, o, bytes, [&](int i) {
+        auto k = static_cast<std::size_t>(i) % nbuf;
+        invoke_in_place(b, call, recv[k]);
+      }));
+      if (o.check) row.ip.wrong = check_once(b, call, send[0], recv[0], true);
+    }
+    row.iters = has_ip ? row.ip.calls : row.oop.calls;
     if (!o.no_floor)
       row.floor_us = time_phase(b, o, bytes, [&](int i) {
                        auto k = static_cast<std::size_t>(i) % nbuf;
@@ -837,7 +1129,9 @@ int run_perf(Backend& b, const PerfOptions& o, Collective coll) {
                        asm volatile("" : : "r"(recv[k]) : "memory");
                      }).us;
     wrong_total += row.oop.wrong + row.ip.wrong;
-    busbw_sum += has_oop ? (row.oop.busbw + row.ip.busbw) / 2 : row.ip.busbw;
+    busbw_sum += has_oop && has_ip ? (row.oop.busbw + row.ip.busbw) / 2
+                 : has_ip          ? row.ip.busbw
+                                   : row.oop.busbw;
     if (printer) print_row(o, labels, row, first);
     first = false;
   }

@@ -36,6 +36,26 @@ class ShmringBackend {
   void reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root) {
     comm_.reduce(send, recv, count, t, op, root);
   }
+  void alltoall(const void* send, void* recv, std::size_t count, DataType t) {
+    comm_.alltoall(send, recv, count, t);
+  }
+  void alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                 std::span<const std::size_t> send_displs, void* recv,
+                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
+                 DataType t) {
+    comm_.alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
+  }
+  void gather(const void* send, void* recv, std::size_t count, DataType t, int root) {
+    comm_.gather(send, recv, count, t, root);
+  }
+  void scatter(const void* send, void* recv, std::size_t count, DataType t, int root) {
+    comm_.scatter(send, recv, count, t, root);
+  }
+  void allgatherv(const void* send, std::size_t send_count, void* recv,
+                  std::span<const std::size_t> recv_counts, std::span<const std::size_t> displs,
+                  DataType t) {
+    comm_.allgatherv(send, send_count, recv, recv_counts, displs, t);
+  }
   void barrier() { comm_.barrier(); }
   double max_over_ranks(double v) {
     comm_.allreduce(std::span<double>(&v, 1), ReduceOp::max);

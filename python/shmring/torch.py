@@ -16,11 +16,13 @@ be on one host.
 Supported: all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_reduce_coalesced,
 broadcast, all_gather, _all_gather_base / all_gather_into_tensor,
 reduce_scatter, _reduce_scatter_base / reduce_scatter_tensor, reduce,
-barrier, on CPU tensors of float32, float64, float16, bfloat16, int8, uint8,
-int32 and int64 (broadcast and all_gather move any dtype). Non-contiguous
-tensors are staged through a contiguous copy. Anything else (gather, scatter,
-all_to_all, send/recv, BAND/BOR/BXOR/PREMUL_SUM, CUDA tensors, several tensors
-per list) raises RuntimeError naming it.
+barrier, all_to_all_single (even, or with split sizes), all_to_all, gather,
+scatter, and all_gather / reduce_scatter with uneven sizes, on CPU tensors of
+float32, float64, float16, bfloat16, int8, uint8, int32 and int64 (the
+collectives that only move data move any dtype). Non-contiguous tensors are
+staged through a contiguous copy. Anything else (send/recv,
+BAND/BOR/BXOR/PREMUL_SUM, CUDA tensors, several tensors per list) raises
+RuntimeError naming it.
 
 Work objects complete their futures on a thread of the process group's own,
 never on shmring's progress thread, so DDP communication hooks (PowerSGD)

@@ -6,9 +6,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <random>
 
@@ -159,8 +161,15 @@ struct Raw {
   DataType dtype;
 };
 
-Raw raw_of(const at::Tensor& contiguous, const char* op) {
-  switch (contiguous.scalar_type()) {
+// The datatype a tensor's elements move as, and how many of its elements
+// one tensor element is (1, or the element size when it moves as bytes).
+struct MoveType {
+  DataType dtype;
+  std::size_t per_element;
+};
+
+MoveType move_type(const at::Tensor& tensor, const char* op) {
+  switch (tensor.scalar_type()) {
     case at::kFloat:
     case at::kDouble:
     case at::kHalf:
@@ -169,12 +178,16 @@ Raw raw_of(const at::Tensor& contiguous, const char* op) {
     case at::kByte:
     case at::kInt:
     case at::kLong:
-      return {contiguous.data_ptr(), static_cast<std::size_t>(contiguous.numel()),
-              to_datatype(contiguous.scalar_type(), op)};
+      return {to_datatype(tensor.scalar_type(), op), 1};
     default:
-      return {contiguous.data_ptr(), static_cast<std::size_t>(contiguous.nbytes()),
-              DataType::uint8};
+      return {DataType::uint8, static_cast<std::size_t>(tensor.element_size())};
   }
+}
+
+Raw raw_of(const at::Tensor& contiguous, const char* op) {
+  const MoveType m = move_type(contiguous, op);
+  return {contiguous.data_ptr(), static_cast<std::size_t>(contiguous.numel()) * m.per_element,
+          m.dtype};
 }
 
 void check_root(int root, std::int64_t root_tensor, int size, const char* op) {
@@ -196,6 +209,94 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
 // Set when launch() hands a call to shmring (whose own refusals reach the
 // peers by themselves); a Refusal sees whether an error came before that.
 thread_local bool t_launched = false;
+// Counts and displacements (in elements of the move type) of a
+// v-collective; the Start lambda holds a copy (the i-calls copy the spans).
+struct Layout {
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+std::vector<std::size_t> packed_displs(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> displs(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t j = 0; j < counts.size(); ++j) {
+    displs[j] = offset;
+    offset += counts[j];
+  }
+  return displs;
+}
+
+bool all_equal(const std::vector<std::size_t>& v) {
+  return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
+}
+
+std::vector<std::size_t> numels(const std::vector<at::Tensor>& tensors, std::size_t per_element) {
+  std::vector<std::size_t> out;
+  for (const auto& t : tensors) out.push_back(static_cast<std::size_t>(t.numel()) * per_element);
+  return out;
+}
+
+// The tensors of a list, in order, as one contiguous 1-D tensor (a copy).
+at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> views;
+  for (const auto& t : tensors) views.push_back(t.reshape({-1}));
+  return at::cat(views);
+}
+
+// Copies consecutive pieces of `flat` into `outputs`, in order.
+std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> outputs) {
+  return [flat = std::move(flat), outputs = std::move(outputs)] {
+    std::int64_t offset = 0;
+    for (const auto& o : outputs) {
+      o.copy_(flat.narrow(0, offset, o.numel()).view(o.sizes()));
+      offset += o.numel();
+    }
+  };
+}
+
+// A list of `size` tensors of one dtype (`like`'s), each checked.
+void check_list(const std::vector<at::Tensor>& list, int size, const at::Tensor& like,
+                const char* op, const char* what) {
+  TORCH_CHECK(static_cast<int>(list.size()) == size, "shmring backend: ", op, ": the ", what,
+              " list has ", list.size(), " tensors, expected the group size ", size);
+  for (const auto& t : list) {
+    check_tensor(t, op, what);
+    TORCH_CHECK(t.scalar_type() == like.scalar_type(), "shmring backend: ", op, ": an ", what,
+                " tensor has dtype ", dtype_name(t.scalar_type()), ", expected ",
+                dtype_name(like.scalar_type()));
+  }
+}
+
+// Elements (of the move type) per peer of one side of all_to_all_single:
+// dim 0 split evenly over the group when `splits` is empty, else by the
+// split sizes (rows of dim 0), as torch defines them.
+std::vector<std::size_t> split_counts(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                      int size, std::size_t per_element, const char* op,
+                                      const char* what) {
+  TORCH_CHECK(t.dim() >= 1, "shmring backend: ", op, ": the ", what,
+              " tensor is 0-dimensional; its dim 0 is split over the group");
+  const std::int64_t rows = t.size(0);
+  const std::size_t row = rows > 0 ? static_cast<std::size_t>(t.numel() / rows) * per_element : 0;
+  std::vector<std::size_t> counts(static_cast<std::size_t>(size));
+  if (splits.empty()) {
+    TORCH_CHECK(rows % size == 0, "shmring backend: ", op, ": the ", what, " tensor has ", rows,
+                " rows (dim 0), not a multiple of the group size ", size,
+                "; give split sizes for uneven splits");
+    std::fill(counts.begin(), counts.end(), static_cast<std::size_t>(rows / size) * row);
+    return counts;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == size, "shmring backend: ", op, ": ", what,
+              " split sizes have ", splits.size(), " entries, expected the group size ", size);
+  std::int64_t sum = 0;
+  for (std::size_t j = 0; j < splits.size(); ++j) {
+    TORCH_CHECK(splits[j] >= 0, "shmring backend: ", op, ": ", what, " split size ", j, " is ",
+                splits[j], ", expected >= 0");
+    sum += splits[j];
+    counts[j] = static_cast<std::size_t>(splits[j]) * row;
+  }
+  TORCH_CHECK(sum == rows, "shmring backend: ", op, ": ", what, " split sizes sum to ", sum,
+              " but the ", what, " tensor has ", rows, " rows (dim 0)");
+  return counts;
+}
 
 }  // namespace
 
@@ -365,28 +466,35 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
   TORCH_CHECK(output_tensors.size() == 1, "shmring backend: ", kOp,
               " takes one output list per process, got ", output_tensors.size());
   std::vector<at::Tensor>& outputs = output_tensors[0];
-  TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "shmring backend: ", kOp,
-              ": the output list has ", outputs.size(), " tensors, expected the group size ",
-              size_);
-  for (const auto& o : outputs) {
-    check_tensor(o, kOp, "output");
-    check_same(input, o, kOp, "an output tensor", input.numel());
-  }
+  check_list(outputs, size_, input, kOp, "output");
+  TORCH_CHECK(outputs[static_cast<std::size_t>(rank_)].numel() == input.numel(),
+              "shmring backend: ", kOp, ": output tensor ", rank_, " (this rank's) has ",
+              outputs[static_cast<std::size_t>(rank_)].numel(), " elements, but the input has ",
+              input.numel());
   // Gathered into one flat buffer, then copied out to the list's tensors.
+  // Every rank holds the same list of output sizes, so all take the same
+  // path: allgather when the sizes are equal, allgatherv when not.
   Staged in = stage(input);
-  at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
+  const MoveType m = move_type(input, kOp);
+  Layout layout;
+  layout.recv_counts = numels(outputs, m.per_element);
+  std::int64_t total = 0;
+  for (const auto& o : outputs) total += o.numel();
+  at::Tensor flat = at::empty({total}, input.options());
   const Raw send = raw_of(in.buffer, kOp);
   void* recv = flat.data_ptr();
-  const std::int64_t n = input.numel();
-  auto epilogue = [flat, outputs, n] {
-    for (std::size_t r = 0; r < outputs.size(); ++r) {
-      outputs[r].copy_(
-          flat.narrow(0, static_cast<std::int64_t>(r) * n, n).view(outputs[r].sizes()));
-    }
-  };
-  return launch(
-      ::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat}, epilogue,
-      [=](Communicator& c) { return c.iallgather(send.data, recv, send.count, send.dtype); });
+  if (all_equal(layout.recv_counts)) {
+    return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
+                  unflatten_into(flat, outputs), [=](Communicator& c) {
+                    return c.iallgather(send.data, recv, send.count, send.dtype);
+                  });
+  }
+  layout.recv_displs = packed_displs(layout.recv_counts);
+  return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
+                unflatten_into(flat, outputs), [=](Communicator& c) {
+                  return c.iallgatherv(send.data, send.count, recv, layout.recv_counts,
+                                       layout.recv_displs, send.dtype);
+                });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
@@ -415,24 +523,31 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
   TORCH_CHECK(input_tensors.size() == 1, "shmring backend: ", kOp,
               " takes one input list per process, got ", input_tensors.size());
   const std::vector<at::Tensor>& inputs = input_tensors[0];
-  TORCH_CHECK(static_cast<int>(inputs.size()) == size_, "shmring backend: ", kOp,
-              ": the input list has ", inputs.size(), " tensors, expected the group size ", size_);
-  for (const auto& t : inputs) {
-    check_tensor(t, kOp, "input");
-    check_same(output, t, kOp, "an input tensor", output.numel());
-  }
+  check_list(inputs, size_, output, kOp, "input");
+  TORCH_CHECK(inputs[static_cast<std::size_t>(rank_)].numel() == output.numel(),
+              "shmring backend: ", kOp, ": input tensor ", rank_, " (this rank's block) has ",
+              inputs[static_cast<std::size_t>(rank_)].numel(), " elements, but the output has ",
+              output.numel());
   const DataType dtype = to_datatype(output.scalar_type(), kOp);
   const ReduceOp op = to_reduce_op(opts.reduceOp, kOp);
-  std::vector<at::Tensor> flat_views;
-  for (const auto& t : inputs) flat_views.push_back(t.reshape({-1}));
-  at::Tensor flat = at::cat(flat_views);
+  at::Tensor flat = flatten(inputs);
   Staged out = stage_output(output);
   const void* send = flat.data_ptr();
   void* recv = out.buffer.data_ptr();
   const auto count = static_cast<std::size_t>(output.numel());
+  // Every rank holds the same list of input sizes: equal sizes take
+  // reduce_scatter on every rank, uneven ones reduce_scatter_v.
+  Layout layout;
+  layout.recv_counts = numels(inputs, 1);
+  if (all_equal(layout.recv_counts)) {
+    return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
+                  {flat, out.buffer}, copy_back({out}),
+                  [=](Communicator& c) { return c.ireduce_scatter(send, recv, count, dtype, op); });
+  }
   return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
-                {flat, out.buffer}, copy_back({out}),
-                [=](Communicator& c) { return c.ireduce_scatter(send, recv, count, dtype, op); });
+                {flat, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  return c.ireduce_scatter_v(send, recv, layout.recv_counts, dtype, op);
+                });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
@@ -466,33 +581,148 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather_coalesced(
   unsupported("allgather_coalesced");
 }
 
-c10::intrusive_ptr<Work> ProcessGroupShmring::gather(std::vector<std::vector<at::Tensor>>&,
-                                                     std::vector<at::Tensor>&,
-                                                     const ::c10d::GatherOptions&) {
+c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
+    std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
+    const ::c10d::GatherOptions& opts) {
   Refusal refusal(*this, "gather");
-  unsupported("gather");
+  static constexpr const char* kOp = "gather";
+  const at::Tensor& input = single_tensor(input_tensors, kOp, "input");
+  const int root = static_cast<int>(opts.rootRank);
+  check_root(root, 0, size_, kOp);
+  Staged in = stage(input);
+  const Raw send = raw_of(in.buffer, kOp);
+  if (rank_ != root) {
+    TORCH_CHECK(output_tensors.empty(), "shmring backend: ", kOp, ": rank ", rank_,
+                " is not the root (", root, ") but was given an output list");
+    return launch(::c10d::OpType::GATHER, "shmring:gather", {}, {in.buffer}, nullptr,
+                  [=](Communicator& c) {
+                    return c.igather(send.data, nullptr, send.count, send.dtype, root);
+                  });
+  }
+  TORCH_CHECK(output_tensors.size() == 1, "shmring backend: ", kOp,
+              " takes one output list at the root, got ", output_tensors.size());
+  std::vector<at::Tensor>& outputs = output_tensors[0];
+  check_list(outputs, size_, input, kOp, "output");
+  for (const auto& o : outputs)
+    TORCH_CHECK(o.numel() == input.numel(), "shmring backend: ", kOp, ": an output tensor has ",
+                o.numel(), " elements, expected the input's ", input.numel());
+  at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
+  void* recv = flat.data_ptr();
+  return launch(::c10d::OpType::GATHER, "shmring:gather", outputs, {in.buffer, flat},
+                unflatten_into(flat, outputs), [=](Communicator& c) {
+                  return c.igather(send.data, recv, send.count, send.dtype, root);
+                });
 }
 
-c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(std::vector<at::Tensor>&,
-                                                      std::vector<std::vector<at::Tensor>>&,
-                                                      const ::c10d::ScatterOptions&) {
+c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
+    std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
+    const ::c10d::ScatterOptions& opts) {
   Refusal refusal(*this, "scatter");
-  unsupported("scatter");
+  static constexpr const char* kOp = "scatter";
+  const at::Tensor& output = single_tensor(output_tensors, kOp, "output");
+  const int root = static_cast<int>(opts.rootRank);
+  check_root(root, 0, size_, kOp);
+  Staged out = stage_output(output);
+  const MoveType m = move_type(output, kOp);
+  void* recv = out.buffer.data_ptr();
+  const std::size_t count = static_cast<std::size_t>(output.numel()) * m.per_element;
+  const DataType dtype = m.dtype;
+  if (rank_ != root) {
+    TORCH_CHECK(input_tensors.empty(), "shmring backend: ", kOp, ": rank ", rank_,
+                " is not the root (", root, ") but was given an input list");
+    return launch(::c10d::OpType::SCATTER, "shmring:scatter", output_tensors, {out.buffer},
+                  copy_back({out}),
+                  [=](Communicator& c) { return c.iscatter(nullptr, recv, count, dtype, root); });
+  }
+  TORCH_CHECK(input_tensors.size() == 1, "shmring backend: ", kOp,
+              " takes one input list at the root, got ", input_tensors.size());
+  const std::vector<at::Tensor>& inputs = input_tensors[0];
+  check_list(inputs, size_, output, kOp, "input");
+  for (const auto& t : inputs)
+    TORCH_CHECK(t.numel() == output.numel(), "shmring backend: ", kOp, ": an input tensor has ",
+                t.numel(), " elements, expected the output's ", output.numel());
+  at::Tensor flat = flatten(inputs);
+  const void* send = flat.data_ptr();
+  return launch(::c10d::OpType::SCATTER, "shmring:scatter", output_tensors, {flat, out.buffer},
+                copy_back({out}),
+                [=](Communicator& c) { return c.iscatter(send, recv, count, dtype, root); });
 }
 
-c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(at::Tensor&, at::Tensor&,
-                                                            std::vector<int64_t>&,
-                                                            std::vector<int64_t>&,
-                                                            const ::c10d::AllToAllOptions&) {
+c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
+    at::Tensor& output_buffer, at::Tensor& input_buffer, std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes, const ::c10d::AllToAllOptions& /*opts*/) {
   Refusal refusal(*this, "alltoall_base");
-  unsupported("all_to_all_single (alltoall_base)");
+  static constexpr const char* kOp = "all_to_all_single";
+  check_tensor(input_buffer, kOp, "input");
+  check_tensor(output_buffer, kOp, "output");
+  TORCH_CHECK(output_buffer.scalar_type() == input_buffer.scalar_type(), "shmring backend: ", kOp,
+              ": the output has dtype ", dtype_name(output_buffer.scalar_type()), ", expected ",
+              dtype_name(input_buffer.scalar_type()));
+  const MoveType m = move_type(input_buffer, kOp);
+  Layout layout;
+  layout.send_counts =
+      split_counts(input_buffer, input_split_sizes, size_, m.per_element, kOp, "input");
+  layout.recv_counts =
+      split_counts(output_buffer, output_split_sizes, size_, m.per_element, kOp, "output");
+  Staged in = stage(input_buffer);
+  Staged out = stage_output(output_buffer);
+  const void* send = in.buffer.data_ptr();
+  void* recv = out.buffer.data_ptr();
+  const DataType dtype = m.dtype;
+  // Without split sizes on either side (the even form), every rank calls
+  // alltoall. With split sizes, alltoallv, even when they happen to be
+  // equal: whether a rank's counts are all equal is its own view (a peer
+  // may send it equal blocks and others uneven ones), and all ranks must
+  // make the same call.
+  if (input_split_sizes.empty() && output_split_sizes.empty()) {
+    TORCH_CHECK(output_buffer.numel() == input_buffer.numel(), "shmring backend: ", kOp,
+                ": the output has ", output_buffer.numel(), " elements but the input ",
+                input_buffer.numel(), "; without split sizes they must be equal");
+    const std::size_t count = layout.send_counts[0];
+    return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
+                  {in.buffer, out.buffer}, copy_back({out}),
+                  [=](Communicator& c) { return c.ialltoall(send, recv, count, dtype); });
+  }
+  layout.send_displs = packed_displs(layout.send_counts);
+  layout.recv_displs = packed_displs(layout.recv_counts);
+  return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
+                {in.buffer, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
+                                      layout.recv_counts, layout.recv_displs, dtype);
+                });
 }
 
-c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>&,
-                                                       std::vector<at::Tensor>&,
-                                                       const ::c10d::AllToAllOptions&) {
+c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& output_tensors,
+                                                       std::vector<at::Tensor>& input_tensors,
+                                                       const ::c10d::AllToAllOptions& /*opts*/) {
   Refusal refusal(*this, "alltoall");
-  unsupported("all_to_all (alltoall)");
+  static constexpr const char* kOp = "all_to_all";
+  TORCH_CHECK(static_cast<int>(input_tensors.size()) == size_, "shmring backend: ", kOp,
+              ": the input list has ", input_tensors.size(), " tensors, expected the group size ",
+              size_);
+  const at::Tensor& like = input_tensors[0];
+  check_list(input_tensors, size_, like, kOp, "input");
+  check_list(output_tensors, size_, like, kOp, "output");
+  // Always alltoallv: tensor j of the lists goes to and comes from rank j,
+  // and whether all of a rank's sizes are equal is its own view only.
+  const MoveType m = move_type(like, kOp);
+  Layout layout;
+  layout.send_counts = numels(input_tensors, m.per_element);
+  layout.recv_counts = numels(output_tensors, m.per_element);
+  layout.send_displs = packed_displs(layout.send_counts);
+  layout.recv_displs = packed_displs(layout.recv_counts);
+  at::Tensor flat_in = flatten(input_tensors);
+  std::int64_t total = 0;
+  for (const auto& o : output_tensors) total += o.numel();
+  at::Tensor flat_out = at::empty({total}, like.options());
+  const void* send = flat_in.data_ptr();
+  void* recv = flat_out.data_ptr();
+  const DataType dtype = m.dtype;
+  return launch(::c10d::OpType::ALLTOALL, "shmring:all_to_all", output_tensors, {flat_in, flat_out},
+                unflatten_into(flat_out, output_tensors), [=](Communicator& c) {
+                  return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
+                                      layout.recv_counts, layout.recv_displs, dtype);
+                });
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::send(std::vector<at::Tensor>&, int, int) {

@@ -30,9 +30,10 @@ def job_ids(outputs):
             if line.startswith("JOB_ID ")}
 
 
-def start_job(scenario, size, tmp, backend="shmring", env=None, tag="job"):
-    """Starts `size` worker processes sharing a FileStore under `tmp`;
-    returns the Popen list."""
+def start_job(scenario, size, tmp, backend="shmring", env=None, tag="job", worker=WORKER):
+    """Starts `size` worker processes (`worker`: torch_worker.py or another
+    script taking its arguments) sharing a FileStore under `tmp`; returns
+    the Popen list."""
     store = tmp / f"{tag}.store"
     outdir = tmp / tag
     outdir.mkdir(exist_ok=True)
@@ -41,7 +42,7 @@ def start_job(scenario, size, tmp, backend="shmring", env=None, tag="job"):
         e = dict(os.environ)
         e.update(env or {})
         procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, str(rank), str(size), f"file://{store}",
+            [sys.executable, str(worker), scenario, str(rank), str(size), f"file://{store}",
              str(outdir), backend],
             env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs

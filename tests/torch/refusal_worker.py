@@ -71,8 +71,8 @@ def cases(rank, size):
                            lambda g: dist.broadcast(torch.ones(n), src=0, group=g), ["root"]),
         # An operation the backend lacks, on rank 1 only, against the
         # others' all_reduce.
-        "unsupported": (lambda g: dist.all_to_all_single(torch.empty(size), torch.ones(size),
-                                                         group=g),
+        "unsupported": (lambda g: g.allgather_coalesced([[torch.empty(n) for _ in range(size)]],
+                                                        [torch.ones(n)]),
                         sum_, ["does not support"]),
     }
 

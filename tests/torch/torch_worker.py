@@ -251,15 +251,6 @@ def scenario_refusals(rank, size):
     pg = dist.distributed_c10d._get_default_group()
     expect_error(lambda: pg.allreduce([torch.ones(2), torch.ones(2)]), "exactly one")
     expect_error(lambda: dist.all_reduce(torch.ones(2).to_sparse()), "allreduce")
-    expect_error(lambda: dist.gather(t, [torch.empty(4) for _ in range(size)] if rank == 0
-                                     else None, dst=0), "does not support gather")
-    expect_error(lambda: dist.scatter(t, [torch.empty(4) for _ in range(size)] if rank == 0
-                                      else None, src=0), "does not support scatter")
-    expect_error(lambda: dist.all_to_all_single(torch.empty(size), torch.ones(size)),
-                 "does not support all_to_all_single")
-    expect_error(lambda: dist.all_to_all([torch.empty(1) for _ in range(size)],
-                                         [torch.ones(1) for _ in range(size)]),
-                 "does not support all_to_all")
     if rank == 0:
         expect_error(lambda: dist.send(t, dst=1), "does not support send")
     else:

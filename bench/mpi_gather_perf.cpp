@@ -1,0 +1,11 @@
+// mpi_gather_perf: gather_perf's table for Open MPI (MPI_Gather), to compare
+// shmring with Open MPI on the same machine (bench/compare --coll gather).
+//
+//   mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 4
+//   build/bench/mpi_gather_perf
+
+#include "mpi_perf.hpp"
+
+int main(int argc, char** argv) {
+  return shmring::bench::mpi_perf_main(argc, argv, shmring::bench::Collective::gather);
+}
