@@ -53,6 +53,13 @@ struct Options {
   /// Allreduce messages of at least this many bytes take the shards path
   /// (auto only). 0: SHMRING_MPI_SHARDS_BYTES, else the built-in default.
   std::size_t shards_bytes = 0;
+  /// The shards path cuts a message into pieces of about this many bytes
+  /// (at most 16) and overlaps their stages: one piece's MPI allreduce
+  /// across nodes runs while the next is reduce-scattered inside the node
+  /// (on the node communicator's progress thread) and the one before is
+  /// allgathered. 0: SHMRING_MPI_PIECE_BYTES (0 there: no pipelining), else
+  /// the built-in default; SIZE_MAX: no pipelining.
+  std::size_t piece_bytes = 0;
   /// What a failure inside a node does (a rank dead, a timeout, a
   /// mismatch, a failed MPI call). true (the default; SHMRING_MPI_ON_ERROR=
   /// abort): print the error, naming the rank, node and stage, to stderr

@@ -23,6 +23,10 @@
 //   2. allreduce among the leaders (MPI over leaders), full S.
 //   3. broadcast from the leader in the node (shmring).
 //
+// shards, pipelined (allreduce_pipeline.cpp): the same stages on pieces of
+// the buffer, overlapped; taken when the message holds more than one piece
+// (SHMRING_MPI_PIECE_BYTES).
+//
 // flat: one MPI_Allreduce over every rank (the baseline, for comparison).
 //
 // One node: the node's shmring allreduce, nothing else.
@@ -69,8 +73,11 @@ void Communicator::Impl::allreduce(const void* send, void* recv, std::size_t cou
       return allreduce_flat(send, recv, count, dtype, op);
     case Algorithm::leaders:
       return allreduce_leaders(send, recv, count, dtype, op);
-    case Algorithm::shards:
+    case Algorithm::shards: {
+      const std::size_t pieces = pieces_for(count, dtype);
+      if (pieces > 1) return allreduce_shards_pipelined(send, recv, count, dtype, op, pieces);
       return allreduce_shards(send, recv, count, dtype, op);
+    }
     case Algorithm::automatic:
       return node_stage("allreduce in the node",
                         [&] { node_comm->allreduce(send, recv, count, dtype, op); });

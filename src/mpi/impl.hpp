@@ -26,6 +26,18 @@
 
 namespace shmring::mpi {
 
+/// One non-blocking MPI allreduce of a shard, in place (the pipelined
+/// shards allreduce): what its completion still has to do (avg's division,
+/// 16-bit narrowing from `wide`).
+struct MpiStage {
+  MPI_Request request = MPI_REQUEST_NULL;
+  void* buf = nullptr;
+  float* wide = nullptr;  // the float32 copy MPI reduces, 16-bit types only
+  std::size_t count = 0;
+  DataType dtype = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+};
+
 struct Communicator::Impl {
   // --- Topology (identical on every rank) ---------------------------------
   MPI_Comm world = MPI_COMM_NULL;    // our duplicate of the user's communicator
@@ -44,6 +56,7 @@ struct Communicator::Impl {
   // --- Settings -------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;
   std::size_t shards_bytes = 0;
+  std::size_t piece_bytes = 0;  // pipelined shards: bytes per piece; 0: not pipelined
   bool abort_on_error = true;
 
   // --- MPI operators that propagate NaN (min, max on float/double) ----------
@@ -81,6 +94,10 @@ struct Communicator::Impl {
                          ReduceOp op);
   void allreduce_shards(const void* send, void* recv, std::size_t count, DataType dtype,
                         ReduceOp op);
+  // allreduce_pipeline.cpp: the shards script in pieces whose stages overlap.
+  std::size_t pieces_for(std::size_t count, DataType dtype) const;
+  void allreduce_shards_pipelined(const void* send, void* recv, std::size_t count, DataType dtype,
+                                  ReduceOp op, std::size_t pieces);
   void allreduce_flat(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
 
   // mpi_reduce.cpp: the reduction among nodes, in place, with shmring's
@@ -88,6 +105,11 @@ struct Communicator::Impl {
   // floats as float32; NaN-propagating min/max).
   void mpi_allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, MPI_Comm comm,
                      const char* stage);
+  // The same as a started request and its completion (count <= kMaxMpiCount;
+  // `wide`: room for count floats when dtype is 16-bit, else null).
+  MpiStage mpi_iallreduce_start(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                MPI_Comm comm, float* wide, const char* stage);
+  bool mpi_iallreduce_test(MpiStage& s, const char* stage);
   void mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, int root,
                   MPI_Comm comm, const char* stage);
   void mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm, const char* stage);
@@ -99,6 +121,12 @@ struct Communicator::Impl {
 /// A placeholder from one look on a loaded 2-core machine (2 fake nodes x 2
 /// ranks over TCP loopback); to be set by measurement.
 inline constexpr std::size_t kDefaultShardsBytes = 256 * 1024;
+
+/// The pipelined shards allreduce cuts messages into pieces of about this
+/// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most
+/// kMaxPieces of them. Measured on 2 fake nodes x 2 ranks (bench/README.md).
+inline constexpr std::size_t kDefaultPieceBytes = 1024 * 1024;
+inline constexpr std::size_t kMaxPieces = 16;
 
 /// Elements MPI moves per call: MPI counts are int; larger buffers go in pieces.
 inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
