@@ -32,6 +32,17 @@
 //
 // The remainder (count % L elements) goes through the leaders after the
 // pieces, as in the blocking script.
+//
+// A rank never waits in shmring without calling into MPI after its own MPI
+// stage (wait_node): Open MPI may complete an MPI_Iallreduce at this rank
+// while a fragment of it for the partner on another node still sits in its
+// TCP send queue (an eager send completes once copied), and moves that
+// queue only inside MPI calls. Were this rank then to wait, in shmring, for
+// a local peer that waits in MPI for a rank of that other node, which in
+// turn waits in shmring for the partner, which waits for the fragment, no
+// one would move until SHMRING_TIMEOUT. The leaders path has no such cycle:
+// only leaders call MPI there, and no leader's shmring wait depends on
+// another rank's MPI call.
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -134,14 +145,23 @@ void Communicator::Impl::allreduce_shards_pipelined(const void* send, void* recv
   }
 
   // 3. The tail that does not divide by L, through the leaders (its shmring
-  //    stages queue behind the allgathers).
+  //    stages queue behind the allgathers; its waits keep MPI moving).
   if (remainder > 0)
-    allreduce_leaders(at(send, chunk * L, esize), at(recv, chunk * L, esize), remainder, dtype, op);
+    allreduce_leaders(at(send, chunk * L, esize), at(recv, chunk * L, esize), remainder, dtype, op,
+                      /*poll_mpi=*/true);
 
-  // 4. The allgathers: an untimed wait runs what is still queued on this
-  //    thread.
-  node_stage("allreduce (pipelined) 4/4: allgather in the node", [&] {
-    for (auto& x : piece) x.ag.wait();
+  // 4. The allgathers, run by the progress thread while this one keeps MPI
+  //    moving.
+  for (auto& x : piece) wait_node(x.ag, "allreduce (pipelined) 4/4: allgather in the node");
+}
+
+void Communicator::Impl::wait_node(shmring::Request& request, const char* stage) {
+  node_stage(stage, [&] {
+    while (!request.test()) {
+      int flag = 0;  // MPI_Iprobe: a call that runs Open MPI's progress engine
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world, &flag, MPI_STATUS_IGNORE);
+      sched_yield();
+    }
   });
 }
 

@@ -83,6 +83,9 @@ struct Communicator::Impl {
     }
   }
   void check_mpi(int rc, const char* stage);
+  // Waits for a node stage that comes after this rank's MPI stage, calling
+  // into MPI while it waits (allreduce_pipeline.cpp explains why).
+  void wait_node(shmring::Request& request, const char* stage);
   void check_usable(const char* what) const;
 
   std::byte* scratch_bytes(std::vector<std::byte>& v, std::size_t bytes);
@@ -90,8 +93,10 @@ struct Communicator::Impl {
   // allreduce.cpp: choose, then run one script.
   Algorithm choose(std::size_t bytes) const;
   void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  // poll_mpi: wait for the node stages with wait_node (after an MPI stage
+  // of the shards paths), else in shmring's blocking calls.
   void allreduce_leaders(const void* send, void* recv, std::size_t count, DataType dtype,
-                         ReduceOp op);
+                         ReduceOp op, bool poll_mpi = false);
   void allreduce_shards(const void* send, void* recv, std::size_t count, DataType dtype,
                         ReduceOp op);
   // allreduce_pipeline.cpp: the shards script in pieces whose stages overlap.
