@@ -105,6 +105,10 @@ struct Communicator::Impl {
                                   ReduceOp op, std::size_t pieces);
   void allreduce_flat(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
 
+  // reduce_scatter.cpp: balanced nodes, recv_count <= kMaxMpiCount.
+  void reduce_scatter_hier(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                           ReduceOp op);
+
   // mpi_reduce.cpp: the reduction among nodes, in place, with shmring's
   // operator semantics (avg = sum, then one division by `size`; 16-bit
   // floats as float32; NaN-propagating min/max).
@@ -115,6 +119,9 @@ struct Communicator::Impl {
   MpiStage mpi_iallreduce_start(void* buf, std::size_t count, DataType dtype, ReduceOp op,
                                 MPI_Comm comm, float* wide, const char* stage);
   bool mpi_iallreduce_test(MpiStage& s, const char* stage);
+  // send: count x (size of comm) elements; recv: count (MPI_Reduce_scatter_block).
+  void mpi_reduce_scatter_block(const void* send, void* recv, std::size_t count, DataType dtype,
+                                ReduceOp op, MPI_Comm comm, const char* stage);
   void mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, int root,
                   MPI_Comm comm, const char* stage);
   void mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm, const char* stage);

@@ -224,6 +224,31 @@ bool Communicator::Impl::mpi_iallreduce_test(MpiStage& s, const char* stage) {
   return true;
 }
 
+void Communicator::Impl::mpi_reduce_scatter_block(const void* send, void* recv, std::size_t count,
+                                                  DataType dtype, ReduceOp op, MPI_Comm comm,
+                                                  const char* stage) {
+  if (count == 0) return;
+  int members = 1;
+  MPI_Comm_size(comm, &members);
+  const std::size_t total = count * static_cast<std::size_t>(members);
+  const bool wide16 = is_16bit_float(dtype);
+  const void* in = send;
+  void* out = recv;
+  if (wide16) {
+    // [total floats in | count floats out]
+    auto* w = reinterpret_cast<float*>(scratch_bytes(wide, (total + count) * sizeof(float)));
+    widen(send, w, total, dtype);
+    in = w;
+    out = w + total;
+  }
+  check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), mpi_type(dtype),
+                                     mpi_op(*this, dtype, op), comm),
+            stage);
+  const DataType wire = wide16 ? DataType::float32 : dtype;
+  if (op == ReduceOp::avg) divide_for_avg(out, count, wire, size);
+  if (wide16) narrow(static_cast<const float*>(out), recv, count, dtype);
+}
+
 void Communicator::Impl::mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op,
                                     int root, MPI_Comm comm, const char* stage) {
   if (count == 0) return;
