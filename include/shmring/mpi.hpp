@@ -36,7 +36,8 @@ namespace shmring::mpi {
 ///  - shards: reduce-scatter inside each node over shmring, every local rank
 ///    allreduces its shard across nodes over MPI (all local ranks at once),
 ///    allgather inside each node; needs the same number of ranks on every
-///    node (else it runs `leaders`).
+///    node (else it runs `leaders`). Messages of more than one piece
+///    (Options::piece_bytes) are pipelined: the pieces' stages overlap.
 ///  - flat: one MPI_Allreduce over the whole MPI communicator (for
 ///    comparison; shmring is not used).
 enum class Algorithm : std::uint8_t { automatic, leaders, shards, flat };
@@ -66,7 +67,8 @@ struct Options {
   /// and MPI_Abort the job, so no rank on another node waits forever in an
   /// MPI call. false (SHMRING_MPI_ON_ERROR=throw): throw the shmring::Error;
   /// the caller must then end the job itself (MPI_Abort), since ranks on
-  /// other nodes may be blocked in MPI.
+  /// other nodes may be blocked in MPI, and this rank's non-blocking MPI
+  /// calls of a pipelined allreduce may still be pending on its buffers.
   int abort_on_error = -1;  ///< -1: from the environment; 0: throw; 1: abort.
 };
 
@@ -119,6 +121,8 @@ class SHMRING_MPI_API Communicator {
   bool balanced() const noexcept;
   Algorithm algorithm() const noexcept;  ///< As configured (automatic unless forced).
   std::size_t shards_bytes() const noexcept;
+  /// Bytes per piece of the pipelined shards path (0: not pipelined).
+  std::size_t piece_bytes() const noexcept;
   /// The intra-node shmring communicator (ranks = local ranks).
   shmring::Communicator& node_communicator() noexcept;
   /// This layer's duplicate of the MPI communicator.

@@ -130,14 +130,17 @@ struct Communicator::Impl {
 };
 
 /// Allreduce messages from this size on take the shards path (automatic).
-/// A placeholder from one look on a loaded 2-core machine (2 fake nodes x 2
-/// ranks over TCP loopback); to be set by measurement.
-inline constexpr std::size_t kDefaultShardsBytes = 256 * 1024;
+/// Measured on 2 fake nodes x 2 ranks over TCP loopback on a loaded 2-core
+/// machine (bench/README.md): shards as fast as leaders or faster by median
+/// from 4 KiB, by both median and best round from 64 KiB.
+inline constexpr std::size_t kDefaultShardsBytes = 64 * 1024;
 
 /// The pipelined shards allreduce cuts messages into pieces of about this
 /// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most
-/// kMaxPieces of them. Measured on 2 fake nodes x 2 ranks (bench/README.md).
-inline constexpr std::size_t kDefaultPieceBytes = 1024 * 1024;
+/// kMaxPieces of them. On 2 fake nodes x 2 ranks (bench/README.md) 256 KiB
+/// pieces were within noise of one piece (the 2 cores leave nothing to
+/// overlap with); the cost model predicts the gain where cores are spare.
+inline constexpr std::size_t kDefaultPieceBytes = 256 * 1024;
 inline constexpr std::size_t kMaxPieces = 16;
 
 /// Elements MPI moves per call: MPI counts are int; larger buffers go in pieces.
