@@ -78,11 +78,20 @@ void print_stages(HierBackend& b, const PerfOptions& o) {
     for (int i = 0; i < iters; ++i) body();
     return b.max_over_ranks((MPI_Wtime() - t0) / iters * 1e6);
   };
+  // The two shards scripts side by side: one piece (the stages one after
+  // another) and pieces of the configured size (overlapped).
+  shmring::mpi::Options blocking_options, pipelined_options;
+  blocking_options.algorithm = pipelined_options.algorithm = "shards";
+  blocking_options.piece_bytes = SIZE_MAX;
+  shmring::mpi::Communicator blocking(MPI_COMM_WORLD, blocking_options);
+  shmring::mpi::Communicator pipelined(MPI_COMM_WORLD, pipelined_options);
   if (b.rank() == 0)
     fmt::print(
         "#\n# Stages of the shards allreduce (float32 sum, in place, each alone; us, max over "
-        "ranks)\n# {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-        "size", "rs_node", "mpi_shard", "ag_node", "sum", "total");
+        "ranks); blocking = the\n# shards allreduce in one piece (predicted: sum), pipelined = in "
+        "pieces of {} bytes\n# {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+        pipelined.piece_bytes(), "size", "rs_node", "mpi_shard", "ag_node", "sum", "blocking",
+        "pipelined");
   for (double s = static_cast<double>(std::max<std::size_t>(o.min_bytes, 4 * L));
        s <= static_cast<double>(o.max_bytes) * 1.0000001; s *= o.factor) {
     const std::size_t count = static_cast<std::size_t>(s) / 4 / L * L, chunk = count / L;
@@ -98,12 +107,15 @@ void print_stages(HierBackend& b, const PerfOptions& o) {
     });
     const double ag =
         time(iters, [&] { node.allgather(shard, buf.data(), chunk, DataType::float32); });
-    const double total = time(iters, [&] {
-      comm.allreduce(buf.data(), buf.data(), count, DataType::float32, ReduceOp::sum);
+    const double one_piece = time(iters, [&] {
+      blocking.allreduce(buf.data(), buf.data(), count, DataType::float32, ReduceOp::sum);
+    });
+    const double pieces = time(iters, [&] {
+      pipelined.allreduce(buf.data(), buf.data(), count, DataType::float32, ReduceOp::sum);
     });
     if (b.rank() == 0)
-      fmt::print("# {:>10} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f}\n", count * 4, rs, mpi,
-                 ag, rs + mpi + ag, total);
+      fmt::print("# {:>10} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f}\n",
+                 count * 4, rs, mpi, ag, rs + mpi + ag, one_piece, pieces);
   }
   MPI_Comm_free(&cross);
 }
@@ -141,9 +153,12 @@ int main(int argc, char** argv) {
     if (o.algorithm != "auto") setenv("SHMRING_MPI_ALGO", o.algorithm.c_str(), 1);
     HierBackend b;
     if (rank == 0 && !o.csv && !o.json)
-      fmt::print("# shmring-mpi: {} ranks on {} nodes ({}), algorithm {}, shards from {} bytes\n",
-                 b.size(), b.comm().num_nodes(), b.comm().balanced() ? "balanced" : "unbalanced",
-                 shmring::mpi::to_string(b.comm().algorithm()), b.comm().shards_bytes());
+      fmt::print(
+          "# shmring-mpi: {} ranks on {} nodes ({}), algorithm {}, shards from {} bytes, pieces of "
+          "{}\n",
+          b.size(), b.comm().num_nodes(), b.comm().balanced() ? "balanced" : "unbalanced",
+          shmring::mpi::to_string(b.comm().algorithm()), b.comm().shards_bytes(),
+          b.comm().piece_bytes());
     rc = run_perf(b, o, coll);
     if (stages && !o.csv && !o.json) print_stages(b, o);
   } catch (const CLI::Error& e) {

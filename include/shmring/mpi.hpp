@@ -36,7 +36,8 @@ namespace shmring::mpi {
 ///  - shards: reduce-scatter inside each node over shmring, every local rank
 ///    allreduces its shard across nodes over MPI (all local ranks at once),
 ///    allgather inside each node; needs the same number of ranks on every
-///    node (else it runs `leaders`).
+///    node (else it runs `leaders`). Messages of more than one piece
+///    (Options::piece_bytes) are pipelined: the pieces' stages overlap.
 ///  - flat: one MPI_Allreduce over the whole MPI communicator (for
 ///    comparison; shmring is not used).
 enum class Algorithm : std::uint8_t { automatic, leaders, shards, flat };
@@ -53,13 +54,21 @@ struct Options {
   /// Allreduce messages of at least this many bytes take the shards path
   /// (auto only). 0: SHMRING_MPI_SHARDS_BYTES, else the built-in default.
   std::size_t shards_bytes = 0;
+  /// The shards path cuts a message into pieces of about this many bytes
+  /// (at most 16) and overlaps their stages: one piece's MPI allreduce
+  /// across nodes runs while the next is reduce-scattered inside the node
+  /// (on the node communicator's progress thread) and the one before is
+  /// allgathered. 0: SHMRING_MPI_PIECE_BYTES (0 there: no pipelining), else
+  /// the built-in default; SIZE_MAX: no pipelining.
+  std::size_t piece_bytes = 0;
   /// What a failure inside a node does (a rank dead, a timeout, a
   /// mismatch, a failed MPI call). true (the default; SHMRING_MPI_ON_ERROR=
   /// abort): print the error, naming the rank, node and stage, to stderr
   /// and MPI_Abort the job, so no rank on another node waits forever in an
   /// MPI call. false (SHMRING_MPI_ON_ERROR=throw): throw the shmring::Error;
   /// the caller must then end the job itself (MPI_Abort), since ranks on
-  /// other nodes may be blocked in MPI.
+  /// other nodes may be blocked in MPI, and this rank's non-blocking MPI
+  /// calls of a pipelined allreduce may still be pending on its buffers.
   int abort_on_error = -1;  ///< -1: from the environment; 0: throw; 1: abort.
 };
 
@@ -112,6 +121,8 @@ class SHMRING_MPI_API Communicator {
   bool balanced() const noexcept;
   Algorithm algorithm() const noexcept;  ///< As configured (automatic unless forced).
   std::size_t shards_bytes() const noexcept;
+  /// Bytes per piece of the pipelined shards path (0: not pipelined).
+  std::size_t piece_bytes() const noexcept;
   /// The intra-node shmring communicator (ranks = local ranks).
   shmring::Communicator& node_communicator() noexcept;
   /// This layer's duplicate of the MPI communicator.

@@ -23,6 +23,10 @@
 //   2. allreduce among the leaders (MPI over leaders), full S.
 //   3. broadcast from the leader in the node (shmring).
 //
+// shards, pipelined (allreduce_pipeline.cpp): the same stages on pieces of
+// the buffer, overlapped; taken when the message holds more than one piece
+// (SHMRING_MPI_PIECE_BYTES).
+//
 // flat: one MPI_Allreduce over every rank (the baseline, for comparison).
 //
 // One node: the node's shmring allreduce, nothing else.
@@ -69,8 +73,11 @@ void Communicator::Impl::allreduce(const void* send, void* recv, std::size_t cou
       return allreduce_flat(send, recv, count, dtype, op);
     case Algorithm::leaders:
       return allreduce_leaders(send, recv, count, dtype, op);
-    case Algorithm::shards:
+    case Algorithm::shards: {
+      const std::size_t pieces = pieces_for(count, dtype);
+      if (pieces > 1) return allreduce_shards_pipelined(send, recv, count, dtype, op, pieces);
       return allreduce_shards(send, recv, count, dtype, op);
+    }
     case Algorithm::automatic:
       return node_stage("allreduce in the node",
                         [&] { node_comm->allreduce(send, recv, count, dtype, op); });
@@ -78,17 +85,29 @@ void Communicator::Impl::allreduce(const void* send, void* recv, std::size_t cou
 }
 
 void Communicator::Impl::allreduce_leaders(const void* send, void* recv, std::size_t count,
-                                           DataType dtype, ReduceOp op) {
+                                           DataType dtype, ReduceOp op, bool poll_mpi) {
   // 1. The node's reduction lands in the leader's recv.
-  node_stage("allreduce (leaders) 1/3: reduce to the leader",
-             [&] { node_comm->reduce(send, recv, count, dtype, node_op(op), 0); });
+  const char* stage1 = "allreduce (leaders) 1/3: reduce to the leader";
+  if (poll_mpi) {
+    shmring::Request r;
+    node_stage(stage1, [&] { r = node_comm->ireduce(send, recv, count, dtype, node_op(op), 0); });
+    wait_node(r, stage1);
+  } else {
+    node_stage(stage1, [&] { node_comm->reduce(send, recv, count, dtype, node_op(op), 0); });
+  }
   // 2. The leaders reduce their nodes' results.
   if (leaders != MPI_COMM_NULL)
     mpi_allreduce(recv, count, dtype, op, leaders,
                   "allreduce (leaders) 2/3: MPI_Allreduce among the leaders");
   // 3. Every rank of the node gets the leader's result.
-  node_stage("allreduce (leaders) 3/3: broadcast from the leader",
-             [&] { node_comm->broadcast(recv, count, dtype, 0); });
+  const char* stage3 = "allreduce (leaders) 3/3: broadcast from the leader";
+  if (poll_mpi) {
+    shmring::Request r;
+    node_stage(stage3, [&] { r = node_comm->ibroadcast(recv, count, dtype, 0); });
+    wait_node(r, stage3);
+  } else {
+    node_stage(stage3, [&] { node_comm->broadcast(recv, count, dtype, 0); });
+  }
 }
 
 void Communicator::Impl::allreduce_shards(const void* send, void* recv, std::size_t count,
@@ -109,13 +128,18 @@ void Communicator::Impl::allreduce_shards(const void* send, void* recv, std::siz
                   "allreduce (shards) 2/4: MPI_Allreduce of the shard across nodes");
   }
   if (remainder > 0) {
-    // 3. The tail that does not divide by L, through the leaders.
-    allreduce_leaders(at(send, chunk * L, esize), at(recv, chunk * L, esize), remainder, dtype, op);
+    // 3. The tail that does not divide by L, through the leaders (its waits
+    //    keep MPI moving, as the allgather's below).
+    allreduce_leaders(at(send, chunk * L, esize), at(recv, chunk * L, esize), remainder, dtype, op,
+                      /*poll_mpi=*/true);
   }
   if (chunk > 0) {
-    // 4. Every rank gets every shard (shmring's in-place allgather).
-    node_stage("allreduce (shards) 4/4: allgather in the node",
-               [&] { node_comm->allgather(my_shard, recv, chunk, dtype); });
+    // 4. Every rank gets every shard (shmring's in-place allgather), while
+    //    this thread keeps MPI moving (wait_node, allreduce_pipeline.cpp).
+    const char* stage = "allreduce (shards) 4/4: allgather in the node";
+    shmring::Request ag;
+    node_stage(stage, [&] { ag = node_comm->iallgather(my_shard, recv, chunk, dtype); });
+    wait_node(ag, stage);
   }
 }
 

@@ -2,10 +2,11 @@
 // shmring inside the node, MPI among the leaders. With one node each is the
 // node's shmring collective alone (local ranks are then the MPI ranks).
 //
-//   reduce_scatter  allreduce of the whole buffer (allreduce.cpp) into
-//                   scratch, then each rank keeps its block. Moves N times
-//                   the bytes a direct algorithm would between nodes; kept
-//                   simple until a user needs it fast.
+//   reduce_scatter  balanced nodes: reduce_scatter.cpp (reduce-scatter in
+//                   the node, then MPI_Reduce_scatter_block across nodes).
+//                   Otherwise (or SHMRING_MPI_ALGO=flat) an allreduce of the
+//                   whole buffer (allreduce.cpp) into scratch, of which each
+//                   rank keeps its block: 2 S across nodes instead of S/L.
 //   allgather       1. allgather in the node into scratch (local order);
 //                   2. MPI_Allgatherv of the node blocks among the leaders;
 //                   3. the leader puts blocks in rank order into recv;
@@ -62,6 +63,8 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
         "or avg on a floating type",
         c.rank, static_cast<int>(op), to_string(dtype)));
   if (recv_count == 0) return;
+  if (c.balanced && c.algorithm != Algorithm::flat && recv_count <= kMaxMpiCount)
+    return c.reduce_scatter_hier(send, recv, recv_count, dtype, op);
   const std::size_t esize = datatype_size(dtype);
   const std::size_t total = recv_count * static_cast<std::size_t>(c.size);
   std::byte* all = c.scratch_bytes(c.scratch2, total * esize);

@@ -112,6 +112,9 @@ Algorithm Communicator::algorithm() const noexcept {
 std::size_t Communicator::shards_bytes() const noexcept {
   return impl_->shards_bytes;
 }
+std::size_t Communicator::piece_bytes() const noexcept {
+  return impl_->piece_bytes;
+}
 shmring::Communicator& Communicator::node_communicator() noexcept {
   return *impl_->node_comm;
 }

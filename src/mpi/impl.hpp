@@ -26,6 +26,18 @@
 
 namespace shmring::mpi {
 
+/// One non-blocking MPI allreduce of a shard, in place (the pipelined
+/// shards allreduce): what its completion still has to do (avg's division,
+/// 16-bit narrowing from `wide`).
+struct MpiStage {
+  MPI_Request request = MPI_REQUEST_NULL;
+  void* buf = nullptr;
+  float* wide = nullptr;  // the float32 copy MPI reduces, 16-bit types only
+  std::size_t count = 0;
+  DataType dtype = DataType::float32;
+  ReduceOp op = ReduceOp::sum;
+};
+
 struct Communicator::Impl {
   // --- Topology (identical on every rank) ---------------------------------
   MPI_Comm world = MPI_COMM_NULL;    // our duplicate of the user's communicator
@@ -44,6 +56,7 @@ struct Communicator::Impl {
   // --- Settings -------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;
   std::size_t shards_bytes = 0;
+  std::size_t piece_bytes = 0;  // pipelined shards: bytes per piece; 0: not pipelined
   bool abort_on_error = true;
 
   // --- MPI operators that propagate NaN (min, max on float/double) ----------
@@ -70,6 +83,9 @@ struct Communicator::Impl {
     }
   }
   void check_mpi(int rc, const char* stage);
+  // Waits for a node stage that comes after this rank's MPI stage, calling
+  // into MPI while it waits (allreduce_pipeline.cpp explains why).
+  void wait_node(shmring::Request& request, const char* stage);
   void check_usable(const char* what) const;
 
   std::byte* scratch_bytes(std::vector<std::byte>& v, std::size_t bytes);
@@ -77,17 +93,35 @@ struct Communicator::Impl {
   // allreduce.cpp: choose, then run one script.
   Algorithm choose(std::size_t bytes) const;
   void allreduce(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+  // poll_mpi: wait for the node stages with wait_node (after an MPI stage
+  // of the shards paths), else in shmring's blocking calls.
   void allreduce_leaders(const void* send, void* recv, std::size_t count, DataType dtype,
-                         ReduceOp op);
+                         ReduceOp op, bool poll_mpi = false);
   void allreduce_shards(const void* send, void* recv, std::size_t count, DataType dtype,
                         ReduceOp op);
+  // allreduce_pipeline.cpp: the shards script in pieces whose stages overlap.
+  std::size_t pieces_for(std::size_t count, DataType dtype) const;
+  void allreduce_shards_pipelined(const void* send, void* recv, std::size_t count, DataType dtype,
+                                  ReduceOp op, std::size_t pieces);
   void allreduce_flat(const void* send, void* recv, std::size_t count, DataType dtype, ReduceOp op);
+
+  // reduce_scatter.cpp: balanced nodes, recv_count <= kMaxMpiCount.
+  void reduce_scatter_hier(const void* send, void* recv, std::size_t recv_count, DataType dtype,
+                           ReduceOp op);
 
   // mpi_reduce.cpp: the reduction among nodes, in place, with shmring's
   // operator semantics (avg = sum, then one division by `size`; 16-bit
   // floats as float32; NaN-propagating min/max).
   void mpi_allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, MPI_Comm comm,
                      const char* stage);
+  // The same as a started request and its completion (count <= kMaxMpiCount;
+  // `wide`: room for count floats when dtype is 16-bit, else null).
+  MpiStage mpi_iallreduce_start(void* buf, std::size_t count, DataType dtype, ReduceOp op,
+                                MPI_Comm comm, float* wide, const char* stage);
+  bool mpi_iallreduce_test(MpiStage& s, const char* stage);
+  // send: count x (size of comm) elements; recv: count (MPI_Reduce_scatter_block).
+  void mpi_reduce_scatter_block(const void* send, void* recv, std::size_t count, DataType dtype,
+                                ReduceOp op, MPI_Comm comm, const char* stage);
   void mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op, int root,
                   MPI_Comm comm, const char* stage);
   void mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm, const char* stage);
@@ -96,9 +130,18 @@ struct Communicator::Impl {
 };
 
 /// Allreduce messages from this size on take the shards path (automatic).
-/// A placeholder from one look on a loaded 2-core machine (2 fake nodes x 2
-/// ranks over TCP loopback); to be set by measurement.
-inline constexpr std::size_t kDefaultShardsBytes = 256 * 1024;
+/// Measured on 2 fake nodes x 2 ranks over TCP loopback on a loaded 2-core
+/// machine (bench/README.md): shards as fast as leaders or faster by median
+/// from 4 KiB, by both median and best round from 64 KiB.
+inline constexpr std::size_t kDefaultShardsBytes = 64 * 1024;
+
+/// The pipelined shards allreduce cuts messages into pieces of about this
+/// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most
+/// kMaxPieces of them. On 2 fake nodes x 2 ranks (bench/README.md) 256 KiB
+/// pieces were within noise of one piece (the 2 cores leave nothing to
+/// overlap with); the cost model predicts the gain where cores are spare.
+inline constexpr std::size_t kDefaultPieceBytes = 256 * 1024;
+inline constexpr std::size_t kMaxPieces = 16;
 
 /// Elements MPI moves per call: MPI counts are int; larger buffers go in pieces.
 inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;

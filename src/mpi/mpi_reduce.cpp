@@ -192,6 +192,63 @@ void Communicator::Impl::mpi_allreduce(void* buf, std::size_t count, DataType dt
   if (wide16) narrow(static_cast<const float*>(data), buf, count, dtype);
 }
 
+MpiStage Communicator::Impl::mpi_iallreduce_start(void* buf, std::size_t count, DataType dtype,
+                                                  ReduceOp op, MPI_Comm comm, float* wide,
+                                                  const char* stage) {
+  MpiStage s;
+  s.buf = buf;
+  s.count = count;
+  s.dtype = dtype;
+  s.op = op;
+  void* data = buf;
+  if (is_16bit_float(dtype)) {
+    widen(buf, wide, count, dtype);
+    s.wide = wide;
+    data = wide;
+  }
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype),
+                           mpi_op(*this, dtype, op), comm, &s.request),
+            stage);
+  return s;
+}
+
+bool Communicator::Impl::mpi_iallreduce_test(MpiStage& s, const char* stage) {
+  if (s.request == MPI_REQUEST_NULL) return true;
+  int done = 0;
+  check_mpi(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE), stage);
+  if (!done) return false;
+  void* data = s.wide ? static_cast<void*>(s.wide) : s.buf;
+  const DataType wire = s.wide ? DataType::float32 : s.dtype;
+  if (s.op == ReduceOp::avg) divide_for_avg(data, s.count, wire, size);
+  if (s.wide) narrow(s.wide, s.buf, s.count, s.dtype);
+  return true;
+}
+
+void Communicator::Impl::mpi_reduce_scatter_block(const void* send, void* recv, std::size_t count,
+                                                  DataType dtype, ReduceOp op, MPI_Comm comm,
+                                                  const char* stage) {
+  if (count == 0) return;
+  int members = 1;
+  MPI_Comm_size(comm, &members);
+  const std::size_t total = count * static_cast<std::size_t>(members);
+  const bool wide16 = is_16bit_float(dtype);
+  const void* in = send;
+  void* out = recv;
+  if (wide16) {
+    // [total floats in | count floats out]
+    auto* w = reinterpret_cast<float*>(scratch_bytes(wide, (total + count) * sizeof(float)));
+    widen(send, w, total, dtype);
+    in = w;
+    out = w + total;
+  }
+  check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(count), mpi_type(dtype),
+                                     mpi_op(*this, dtype, op), comm),
+            stage);
+  const DataType wire = wide16 ? DataType::float32 : dtype;
+  if (op == ReduceOp::avg) divide_for_avg(out, count, wire, size);
+  if (wide16) narrow(static_cast<const float*>(out), recv, count, dtype);
+}
+
 void Communicator::Impl::mpi_reduce(void* buf, std::size_t count, DataType dtype, ReduceOp op,
                                     int root, MPI_Comm comm, const char* stage) {
   if (count == 0) return;

@@ -41,6 +41,17 @@ Algorithm parse_algorithm(const std::string& raw, const char* where) {
       fmt::format("{}='{}': expected auto, leaders, shards or flat", where, raw));
 }
 
+// A byte count from the environment: an integer >= 0.
+std::size_t parse_bytes(const std::string& s, const char* name) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || *end != '\0' || s[0] == '-')
+    throw InvalidArgumentError(
+        fmt::format("{}='{}': expected a number of bytes (an integer >= 0)", name, s));
+  return static_cast<std::size_t>(v);
+}
+
 // A fresh 64-bit value per communicator: the job id of every node comm.
 // random_device alone would do; the clock and pid guard against a weak one.
 std::uint64_t fresh_nonce() {
@@ -71,15 +82,15 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   if (shards_bytes == 0) {
     const std::string s = lower_env("SHMRING_MPI_SHARDS_BYTES");
     shards_bytes = kDefaultShardsBytes;
-    if (!s.empty()) {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-      if (errno != 0 || end == s.c_str() || *end != '\0' || s[0] == '-')
-        throw InvalidArgumentError(fmt::format(
-            "SHMRING_MPI_SHARDS_BYTES='{}': expected a number of bytes (an integer >= 0)", s));
-      shards_bytes = static_cast<std::size_t>(v);
-    }
+    if (!s.empty()) shards_bytes = parse_bytes(s, "SHMRING_MPI_SHARDS_BYTES");
+  }
+  piece_bytes = options.piece_bytes;
+  if (piece_bytes == 0) {
+    const std::string s = lower_env("SHMRING_MPI_PIECE_BYTES");
+    piece_bytes = kDefaultPieceBytes;
+    if (!s.empty()) piece_bytes = parse_bytes(s, "SHMRING_MPI_PIECE_BYTES");
+  } else if (piece_bytes == SIZE_MAX) {
+    piece_bytes = 0;  // not pipelined
   }
   if (options.abort_on_error >= 0) {
     abort_on_error = options.abort_on_error != 0;

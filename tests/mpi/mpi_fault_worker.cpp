@@ -1,6 +1,6 @@
 // A job that loses a rank in the middle of allreduces, for run_fault.py:
 //
-//   mpi_fault_worker kill|stop|stop-throw VICTIM
+//   mpi_fault_worker kill|stop|stop-throw|mismatch VICTIM
 //
 // Every rank prints its node's segment name, then runs 4 MiB allreduces in a
 // loop; 0.3 s in, rank VICTIM sends itself SIGKILL (it dies) or SIGSTOP (it
@@ -9,6 +9,11 @@
 // (60 s) exits 0, which run_fault.py reports as a failure. stop-throw runs
 // with SHMRING_MPI_ON_ERROR=throw: the rank that sees the error catches it,
 // checks that the communicator now refuses work, and aborts the job itself.
+// mismatch: the victim stays alive but, at round 20, calls allreduce with
+// another count than its node's peers: its node's shmring stage fails
+// (MismatchError) while the ranks of the other node wait inside MPI for
+// that node's shards; the layer must abort the job (MPI_Abort) so that none
+// of them waits forever.
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -24,8 +29,8 @@
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const std::string mode = argc == 3 ? argv[1] : "";
-  if (mode != "kill" && mode != "stop" && mode != "stop-throw") {
-    fmt::print(stderr, "usage: mpi_fault_worker kill|stop|stop-throw VICTIM_RANK\n");
+  if (mode != "kill" && mode != "stop" && mode != "stop-throw" && mode != "mismatch") {
+    fmt::print(stderr, "usage: mpi_fault_worker kill|stop|stop-throw|mismatch VICTIM_RANK\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int sig = mode == "kill" ? SIGKILL : SIGSTOP;
@@ -36,7 +41,7 @@ int main(int argc, char** argv) {
              comm.node_communicator().config().segment_name);
   std::fflush(stdout);
   comm.barrier();
-  if (comm.rank() == victim)
+  if (comm.rank() == victim && mode != "mismatch")
     std::thread([sig] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       raise(sig);
@@ -46,7 +51,9 @@ int main(int argc, char** argv) {
   long rounds = 0;
   try {
     while (std::chrono::steady_clock::now() < end) {
-      comm.allreduce(std::span<float>(buf), shmring::ReduceOp::max);
+      const bool odd = mode == "mismatch" && comm.rank() == victim && rounds == 20;
+      comm.allreduce(std::span<float>(buf).first(buf.size() - (odd ? 4 : 0)),
+                     shmring::ReduceOp::max);
       ++rounds;
     }
   } catch (const shmring::Error& e) {

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""A rank that dies (SIGKILL) or hangs (SIGSTOP) mid-allreduce on one fake node
-must end the job on every node with an error, quickly, with nothing left in
-/dev/shm.
+"""A rank that dies (SIGKILL), hangs (SIGSTOP) or makes a mismatched call
+mid-allreduce on one fake node must end the job on every node with an error,
+quickly, with nothing left in /dev/shm.
 
-    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw NODES VICTIM
+    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw|mismatch NODES VICTIM
 
 Exit 0: the job ended with a non-zero status within the bound, the output
 names the failure, and no segment of this job is left. 77: the rig cannot
@@ -48,6 +48,13 @@ def main():
             failures.append("no rank caught a timeout error from the layer")
         if not re.search(r"rank \d+ refused: .*broken by an earlier error", out):
             failures.append("the broken communicator did not refuse the next call")
+    elif mode == "mismatch":
+        # The victim's node fails in its shmring stage while the other node
+        # waits in MPI: the layer names the mismatch and aborts the job.
+        if not re.search(r"shmring-mpi: rank \d+/\d+ \(node \d+/\d+ 'fake-node-\d+'.*failed:.*"
+                         r"mismatch.*aborting the MPI job", out):
+            failures.append("no 'shmring-mpi: rank ... failed: ... mismatch ... aborting the MPI "
+                            "job' line")
     elif mode == "stop":
         # The victim is alive but silent: its node's peers time out, and our
         # error policy must name it and abort the job.

@@ -12,7 +12,8 @@
 // over ranks and the program exits 1 if there is any.
 //
 // Options: --algos auto,leaders,shards,flat (the allreduce algorithms to
-// run; one communicator each); --quick (counts without 2^20+3); --few-big
+// run; one communicator each; ALGO/BYTES sets Options::piece_bytes, "none"
+// for no pipelining); --quick (counts without 2^20+3); --few-big
 // (2^20+3 for a few datatype/operator pairs only, in every collective);
 // --expect-nodes K (fail unless the layer sees K nodes).
 
@@ -422,7 +423,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
-  std::string algos = "auto,leaders,shards,flat";
+  std::string algos = "auto,leaders,shards,shards/none,shards/256,flat";
   bool quick = false, few_big = false;
   int expect_nodes = 0;
   for (int i = 1; i < argc; ++i) {
@@ -440,8 +441,15 @@ int main(int argc, char** argv) {
   try {
     bool first = true;
     for (const std::string& algo : split(algos)) {
+      // ALGO or ALGO/PIECE_BYTES (the shards path's pieces; "none": not
+      // pipelined; small pieces put every count > 1 piece through the
+      // pipeline).
       smpi::Options o;
-      o.algorithm = algo;
+      o.algorithm = algo.substr(0, algo.find('/'));
+      if (const auto slash = algo.find('/'); slash != std::string::npos) {
+        const std::string pieces = algo.substr(slash + 1);
+        o.piece_bytes = pieces == "none" ? SIZE_MAX : std::stoull(pieces);
+      }
       smpi::Communicator comm(MPI_COMM_WORLD, o);
       if (first) {
         fmt::print("rank {}/{}: node {}/{}, local rank {}/{}, segment {}\n", g_rank, g_size,
