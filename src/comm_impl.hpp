@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -62,7 +63,8 @@ struct Op {
 
 namespace detail {
 class Engine;
-}
+class P2p;
+}  // namespace detail
 
 struct Communicator::Impl {
   ~Impl();  // engine.cpp: stops the progress thread before anything else goes
@@ -177,6 +179,10 @@ struct Communicator::Impl {
   int progress_cpu = -1;
   /// Null until the first non-blocking call. Last member: destroyed first.
   std::unique_ptr<detail::Engine> engine;
+  /// Point-to-point (p2p.cpp), made on the first send/recv. Declared after
+  /// `engine`, so destroyed before anything else, while the segment is mapped.
+  std::once_flag p2p_once;
+  std::shared_ptr<detail::P2p> p2p;
 
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,

@@ -604,6 +604,28 @@ py::object reduce(PyCommunicator& self, py::object buffer, ReduceOp op, int root
       });
 }
 
+// Point-to-point: `buffer` is sent as it is (read only) or received into
+// (written), zero copy.
+py::object send(PyCommunicator& self, py::object buffer, int peer, int tag, bool async_op) {
+  Held held;
+  BufferView& view = held.add();
+  view.acquire(buffer, "send: buffer", /*writable=*/false);
+  return dispatch(
+      self, "send", async_op, held, py::none(),
+      [&](Communicator& c) { c.send(view.data(), view.count(), view.dtype(), peer, tag); },
+      [&](Communicator& c) { return c.isend(view.data(), view.count(), view.dtype(), peer, tag); });
+}
+
+py::object recv(PyCommunicator& self, py::object buffer, int peer, int tag, bool async_op) {
+  Held held;
+  BufferView& view = held.add();
+  view.acquire(buffer, "recv: buffer", /*writable=*/true);
+  return dispatch(
+      self, "recv", async_op, held, buffer,
+      [&](Communicator& c) { c.recv(view.data(), view.count(), view.dtype(), peer, tag); },
+      [&](Communicator& c) { return c.irecv(view.data(), view.count(), view.dtype(), peer, tag); });
+}
+
 py::dict config_dict(const Config& c) {
   py::dict d;
   d["rank"] = c.rank;
@@ -826,6 +848,25 @@ read-only). Returns `buffer`.
 Reduce: the root receives op over ranks of `buffer`, in place (or into `out`,
 used at the root only); the other ranks' buffers are only read. Returns the
 buffer that holds the result at the root.
+)doc")
+      .def("send", ranked(&send), py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0,
+           py::kw_only(), py::arg("async_op") = false, R"doc(
+Sends `buffer` (read only, zero copy) to rank `peer` (!= rank) with `tag`
+(>= 0). Only the two ranks take part; messages of one (sender, receiver,
+tag) arrive in order. Small messages (<= 24 bytes) are buffered: send
+returns at once; larger ones return when the receiver has taken them.
+Raises InvalidArgumentError (bad peer or tag), MismatchError (the matching
+recv has another element count or datatype: raised on both ranks; for a
+buffered message, by the next send to that peer), PeerFailureError,
+TimeoutError. async_op=True returns a shmring.Request (isend); unlike
+collectives, these progress on their own, in any order on the two ranks.
+)doc")
+      .def("recv", ranked(&recv), py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0,
+           py::kw_only(), py::arg("async_op") = false, R"doc(
+Receives into `buffer` (writable, zero copy; its element count and datatype
+must equal the sender's) the next message from rank `peer` with `tag`.
+Returns `buffer`. Errors as send(); async_op=True returns a shmring.Request
+(irecv) whose .result is `buffer`.
 )doc")
       .def(
           "barrier",
