@@ -489,6 +489,8 @@ bool P2p::progress_recv(int peer, PeerState& ps) {
   P2pChannel& ch = channel(peer, c_.rank);
   bool moved = false;
   const std::uint64_t posted = ch.send.posted.load(std::memory_order_acquire);
+  // The sender can only be waiting for a free entry when all were taken.
+  const bool sender_may_wait = posted >= ps.scanned + kP2pEntries;
   for (; ps.scanned < posted; ++ps.scanned) {
     P2pEntry& e = ch.entry[ps.scanned % kP2pEntries];
     Header h;
@@ -504,7 +506,7 @@ bool P2p::progress_recv(int peer, PeerState& ps) {
   if (moved) {
     // The entries are free again: a sender waiting for one may go on.
     ch.recv.headers_read.store(ps.scanned, std::memory_order_release);
-    ring(peer);
+    if (sender_may_wait) ring(peer);
   }
   moved |= flush_verdicts(peer, ps);
   if (ps.recvs.empty() || ps.unmatched.empty()) return moved;
