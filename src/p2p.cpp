@@ -1,13 +1,16 @@
 // Point-to-point send/recv between two ranks of a communicator.
 //
 // Terms (reflected in the names below):
-//   pair (s, r)   the directed channel from sender s to receiver r; each
-//                 has its own message numbers m = 0, 1, 2, ... (P2pChannel).
-//   header        entry m mod E (E = kP2pEntries = 8) of the pair: count,
-//                 datatype, tag, the send buffer's address in s, and the
-//                 payload itself when it is at most kP2pInlineBytes (24 B).
-//   verdict       written by r into the same entry when m is finished: ok,
-//                 or mismatch with r's count and datatype.
+//   pair (s, r)   the directed channel from sender s to receiver r
+//                 (P2pChannel); its messages are numbered m = 0, 1, 2, ...
+//   header        entry m mod E (E = kP2pEntries = 8) of the pair, written by
+//                 s: count, datatype, tag, the send buffer's address in s,
+//                 and the payload itself when it is at most kP2pInlineBytes
+//                 (40 B). r copies headers out as soon as it sees them
+//                 (headers_read), so a pair holds at most E unread headers.
+//   verdict       entry v mod V (V = kP2pVerdicts = 8), written by r when
+//                 message m is finished: ok, or mismatch with r's count and
+//                 datatype; s reads them (verdicts_read) to complete sends.
 //   staging slot  kP2pStageSlots (4) x kP2pStageBytes (32 KiB) per receiver
 //                 r, lent to one incoming message at a time.
 //   doorbell      one futex counter per rank (P2pInbox): whoever writes
@@ -15,49 +18,54 @@
 //                 rank sleeps on its own doorbell only, whatever the peer.
 //
 // A message m from s to r:
-//   1. s waits until entry m mod E is free (message m-E has its verdict),
-//      writes the header and publishes posted = m+1 (release), rings r.
-//      At most E messages per pair are posted and unfinished; further
-//      isends wait in s's local queue and are posted as verdicts arrive.
-//   2. r reads every posted header into its local list of unmatched
-//      messages, and matches its posted recvs in order against them: the
-//      first unmatched message with the recv's tag (so messages of one
-//      (s, r, tag) arrive in order; other tags may overtake).
-//   3. Count or datatype differ: r writes a mismatch verdict and throws
-//      MismatchError; s throws it too when it reads the verdict.
+//   1. s waits until m < headers_read + E, writes header m, publishes
+//      posted = m+1 (release) and rings r.
+//   2. r copies the header into its local list of unmatched messages and
+//      matches its posted recvs in order against that list: the first
+//      unmatched message with the recv's tag. Messages of one (s, r, tag)
+//      arrive in order; other tags may overtake (any number of messages).
+//   3. Count or datatype differ: MismatchError on r, and a mismatch verdict
+//      that makes s's send throw it too, naming both sides' values.
 //      Otherwise the payload moves by one of:
-//      - inline (<= 24 B): copied from the header; the send completed at
-//        step 1 already (buffered: send-send/recv-recv exchanges work), so a
-//        mismatch reaches s at its next send to r instead.
-//      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default):
-//        r reads s's buffer with process_vm_readv (cross-memory attach),
-//        bytes moved once; needs ptrace access to s. When the kernel refuses
-//        (EPERM: Yama ptrace_scope, a seccomp filter; ENOSYS) r falls back to
-//        staging for this and every later message, and says so once at info
-//        level. SHMRING_CMA=0 turns it off.
-//      - staged: r queues the message for its staging slots; when its turn
-//        comes it publishes active = m+1 and rings s; s copies slice j
-//        (32 KiB) into r's slot j mod 4 once r has drained slice j-4
-//        (staged/drained counters of the pair), r copies it out. Bytes move
-//        twice, pipelined over 4 slots.
-//   4. r writes the verdict, rings s; s's send (or isend) completes.
+//      - inline (<= 40 B): copied from the header; the send completed at
+//        step 1 already (buffered, so send-send / recv-recv exchanges of
+//        small messages work as with MPI's eager sends). No verdict unless
+//        it mismatches: that one reaches s at its next send to r.
+//      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default): r reads
+//        s's buffer with process_vm_readv (cross-memory attach): the bytes
+//        move once. It needs ptrace access to s. When the kernel refuses
+//        (EPERM: Yama ptrace_scope=1 without PR_SET_PTRACER, a seccomp filter
+//        as in some containers; ENOSYS) r stages this and every later message
+//        instead, and says so once at info level. SHMRING_CMA=0 turns single
+//        copies off; SHMRING_CMA=1 also lets any process of this user read
+//        the rank under Yama (prctl PR_SET_PTRACER_ANY).
+//      - staged (the rest, or no single copy): r queues the message for its
+//        staging slots; when its turn comes it publishes active = m+1 and
+//        rings s; s copies slice j (32 KiB) into r's slot j mod 4 once r has
+//        drained slice j-4 (the pair's staged / drained counters), and r
+//        copies it out: bytes move twice, pipelined over 4 slots.
+//   4. r publishes the verdict (waiting for a free entry if s has V unread
+//      ones) and rings s; s's send or isend completes; so does r's recv.
 //
-// Progress: nothing here goes through the collective engine's queue, and
-// no collective slot is used. Every pending operation of a communicator is
-// progressed by any thread that waits for one (blocking send/recv, Request
-// wait) and by a progress thread of its own, started on the first isend or
-// irecv that does not complete at once. So an isend/irecv pair posted in
-// any order on two ranks, around collectives, always completes.
+// Progress: nothing here goes through the collective engine's queue, and no
+// collective slot is used. Every pending operation of a communicator is
+// progressed by any thread that waits for one of them (blocking send/recv,
+// Request::wait) and by a progress thread of their own, started on the first
+// isend or irecv that does not complete at once. So isend/irecv posted in any
+// order on two ranks, around collectives, always complete, and a blocking
+// recv completes while its sender sits in a collective after an isend.
 //
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
-// channels of 768 B (two 128-B counter lines + 8 entries of 64 B) and N x
-// 128 KiB of staging: N=8: 1.1 MiB; N=64: 11 MiB; N=256: 80 MiB (the
-// collective slots are 1.1 MiB per rank by default, 288 MiB at N=256).
+// channels of 896 B (three 128-B lines of counters and verdicts, 8 headers of
+// 64 B) and N x 128 KiB of staging: N=8: 1.1 MiB; N=64: 11.5 MiB (of 84 MiB
+// in all); N=256: 88 MiB (of 377 MiB: the collective slots are 1.1 MiB a
+// rank by default).
 //
-// Waits: each wait spins only when the peer does not run on our CPU (and
-// not when oversubscribed), yields, then sleeps on the doorbell. Each
-// pending operation has a deadline of SHMRING_TIMEOUT since it last moved;
-// the slow path checks the abort word and the liveness of its peer.
+// Waits: a blocking caller spins only when its peer does not run on its CPU
+// (and never when oversubscribed), then yields, then sleeps on its doorbell;
+// the progress thread never spins. Each pending operation has a deadline,
+// SHMRING_TIMEOUT after it last moved; the slow path (every 10 ms) checks
+// the abort word and the liveness of the operation's peer.
 
 #include "p2p.hpp"
 

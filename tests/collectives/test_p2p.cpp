@@ -8,9 +8,17 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+
+#include <sys/uio.h>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -108,6 +116,47 @@ TEST_CASE("the same with single-copy reads off (SHMRING_CMA=0): staged slices on
   setenv("SHMRING_CMA", "0", 1);
   CHECK(test::all_zero(test::run_ranks(2, ring_exchange)));
   unsetenv("SHMRING_CMA");
+}
+
+namespace {
+// Makes process_vm_readv fail with EPERM in this process, as a container's
+// seccomp profile or Yama would.
+bool forbid_process_vm_readv() {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])),
+                            filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+}  // namespace
+
+TEST_CASE("single-copy reads refused by the kernel (seccomp EPERM): staged instead, same data") {
+  CHECK(test::all_zero(test::run_processes(2, [](int r) {
+    SHMRING_CHILD_CHECK(forbid_process_vm_readv(), "seccomp filter: %s", std::strerror(errno));
+    std::int64_t probe = 0;
+    struct iovec l {
+      &probe, 8
+    }, rm{&probe, 8};
+    SHMRING_CHILD_CHECK(process_vm_readv(getppid(), &l, 1, &rm, 1, 0) < 0 && errno == EPERM,
+                        "the filter does not refuse process_vm_readv");
+    (void)r;
+  })));
+  // The communicator part: both ranks filtered, every size.
+  const std::string job = test::unique_job_id("p2p-nocma");
+  CHECK(test::all_zero(test::run_processes(2, [&](int r) {
+    SHMRING_CHILD_CHECK(forbid_process_vm_readv(), "seccomp filter: %s", std::strerror(errno));
+    Options o;
+    o.rank = r;
+    o.world_size = 2;
+    o.job_id = job;
+    Communicator comm(o);
+    ring_exchange(comm);
+  })));
 }
 
 TEST_CASE("pairs send to each other at once, both directions, blocking sends buffered when small") {
