@@ -135,6 +135,7 @@ struct P2p::PeerState {
   std::map<std::uint64_t, Header> unmatched;
   std::deque<OpPtr> recvs;    // posted, not matched yet
   std::uint64_t drained = 0;  // mirror of channel(peer, me).recv.drained
+  bool cma_refused = false;   // process_vm_readv from this peer failed once
   struct PendingVerdict {
     std::uint64_t word, recv_count;
     OpPtr op;  // completed once the verdict is published (null: nobody waits)
@@ -468,7 +469,8 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
     finish(op, nullptr);  // no verdict: the send completed when it was posted
     return;
   }
-  if (cma_ && (h.flags & kP2pCmaOffered)) {
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  if (cma_ && !ps.cma_refused && (h.flags & kP2pCmaOffered)) {
     const int pid = c_.area(peer).info.pid.load(std::memory_order_relaxed);
     const int err = cma_read(pid, op->buf, h.addr, op->bytes);
     if (err == 0) {
@@ -483,10 +485,11 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
     }
     // EPERM (Yama, seccomp, another user), ENOSYS, or anything else: the
     // staged path always works.
-    cma_ = 0;
+    // Per peer: Yama's PR_SET_PTRACER may allow one reader and not another.
+    ps.cma_refused = true;
     SHMRING_LOG(info,
-                "single-copy reads (process_vm_readv) from rank {} failed: {}; point-to-point "
-                "messages are staged through shared memory from now on",
+                "single-copy reads (process_vm_readv) from rank {} failed: {}; its messages are "
+                "staged through shared memory from now on",
                 peer, std::strerror(err));
   }
   op->nslices = (op->bytes + stage_bytes_ - 1) / stage_bytes_;
