@@ -190,6 +190,7 @@ P2p::~P2p() {
     deliver(lock);
   }
   cv_.notify_all();
+  ring(c_.rank);  // the progress thread may sleep on our doorbell
   if (thread_ && thread_->joinable()) thread_->join();
 }
 
