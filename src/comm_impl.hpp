@@ -34,9 +34,10 @@ const char* to_string(CollectiveKind k);
 
 /// Which protocol moves a collective's data (published in the descriptor).
 enum class Algorithm : std::uint32_t {
-  ring = 1,      ///< pipelined slices around the ring (large messages)
-  direct = 2,    ///< one-shot: every rank publishes its data once, readers take it (small)
-  two_shot = 3,  ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
+  ring = 1,         ///< pipelined slices around the ring (large messages)
+  direct = 2,       ///< one-shot: every rank publishes its data once, readers take it (small)
+  two_shot = 3,     ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
+  low_latency = 4,  ///< data, descriptor and sequence number in one cache line (tiny)
 };
 const char* to_string(Algorithm a);
 
@@ -144,6 +145,16 @@ struct Communicator::Impl {
   /// Direct path: waits until every rank finished collective-2, so that our
   /// direct buffer (collective mod 2) may be overwritten; returns it.
   std::byte* acquire_direct_buffer();
+  /// Low-latency path: waits until every rank finished collective-2 unless
+  /// the previous collective was a low-latency one (whose lines prove it);
+  /// returns our line for this collective.
+  detail::LowLatencyLine& acquire_low_latency_line();
+  /// Waits for peer's low-latency line of this collective and checks the
+  /// descriptor in it; a peer that announced this collective by another path
+  /// (a mismatch) is reported as such. Returns peer's line.
+  const detail::LowLatencyLine& wait_low_latency(int peer);
+  /// The last collective whose every peer line this rank read (+1; 0: none).
+  std::uint64_t low_latency_read = 0;
   /// Runs `checks`; on InvalidArgumentError publishes an "invalid call"
   /// descriptor (so peers fail instead of waiting), ends the collective and
   /// rethrows.
@@ -224,6 +235,10 @@ void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, Da
 void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                    DataType dtype, ReduceOp op, int root);
 void barrier_direct(Communicator::Impl& c);
+// One cache line per rank (low_latency.cpp).
+void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype, ReduceOp op);
+void barrier_low_latency(Communicator::Impl& c);
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op);
 }  // namespace algo

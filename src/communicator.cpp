@@ -30,6 +30,8 @@ const char* to_string(Algorithm a) {
       return "direct";
     case Algorithm::two_shot:
       return "two-shot";
+    case Algorithm::low_latency:
+      return "low-latency";
   }
   return "unknown";
 }
@@ -175,7 +177,13 @@ void Communicator::Impl::release_recv() {
 }
 
 Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload) const {
-  if (kind == CollectiveKind::barrier) return Algorithm::direct;
+  // Barriers and allreduces whose data fits one line travel in one line per
+  // rank unless an algorithm is forced (SHMRING_ALGO=direct keeps testing
+  // the direct path at every size).
+  if (kind == CollectiveKind::barrier) return Algorithm::low_latency;
+  if (kind == CollectiveKind::allreduce && payload <= detail::kLowLatencyBytes &&
+      config.algorithm == "auto")
+    return Algorithm::low_latency;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (config.algorithm == "ring") return Algorithm::ring;
   if (config.algorithm == "two_shot" && kind == CollectiveKind::allreduce)
@@ -717,7 +725,7 @@ Op make_reduce(Communicator::Impl& c, const void* send, void* recv, std::size_t 
 }
 
 Op make_barrier() {
-  return {{CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::direct}};
+  return {{CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::low_latency}};
 }
 
 }  // namespace

@@ -35,6 +35,8 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::allreduce:
       if (size == 1) {
         if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (d.algorithm == Algorithm::low_latency) {
+        algo::allreduce_low_latency(*this, o.send, o.recv, d.count, d.dtype, d.op);
       } else if (direct) {
         algo::allreduce_direct(*this, o.send, o.recv, d.count, d.dtype, d.op);
       } else if (d.algorithm == Algorithm::two_shot) {
@@ -79,7 +81,7 @@ void Communicator::Impl::run(const Op& o) {
       }
       break;
     case CollectiveKind::barrier:
-      if (size > 1) algo::barrier_direct(*this);
+      if (size > 1) algo::barrier_low_latency(*this);
       break;
     case CollectiveKind::invalid:
       break;

@@ -25,7 +25,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 4;  // 4: point-to-point region (p2p.hpp)
+inline constexpr std::uint32_t kLayoutVersion = 5;  // 4: low-latency lines; 5: point-to-point region
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -86,12 +86,29 @@ struct alignas(kLine) RankInfo {
   std::atomic<std::uint64_t> cpus[kCpuMaskWords];
 };
 
+/// Low-latency line (low_latency.cpp): a whole small collective in one
+/// cache line, so a reader's poll that sees `seq` also has the descriptor and
+/// the data: one line transfer per peer instead of the direct path's three
+/// (announced, descriptor, data). Collective c uses line c mod 2. The fields
+/// other than `seq` are written before `seq` (release) and read after it
+/// (acquire). Everything a reader needs sits in the first 64 bytes.
+inline constexpr std::size_t kLowLatencyBytes = 40;
+struct alignas(kLine) LowLatencyLine {
+  std::atomic<std::uint64_t> seq;                      // collective + 1 whose data this line holds
+  std::atomic<std::uint64_t> count;                    // descriptor, as in Descriptor
+  std::atomic<std::uint32_t> kind_dtype_op_algorithm;  // one byte each
+  std::atomic<std::int32_t> root;
+  std::byte data[kLowLatencyBytes];
+};
+static_assert(offsetof(LowLatencyLine, data) + kLowLatencyBytes == 64);
+
 struct RankArea {
   Counter produced;   // slices this rank has published into its own slots
   Counter consumed;   // slices of its left neighbour it has finished reading
   Counter announced;  // collectives whose descriptor (and direct data) is published
   Counter done;       // collectives this rank has finished
   Counter reduced;    // two-shot: collectives whose reduced chunk this rank published
+  LowLatencyLine low_latency[2];
   RankInfo info;
   Descriptor desc[kDescRing];
 };
@@ -238,6 +255,7 @@ inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint6
 SHMRING_CHECK_SHARED(Counter);
 SHMRING_CHECK_SHARED(Descriptor);
 SHMRING_CHECK_SHARED(RankInfo);
+SHMRING_CHECK_SHARED(LowLatencyLine);
 SHMRING_CHECK_SHARED(RankArea);
 SHMRING_CHECK_SHARED(Header);
 SHMRING_CHECK_SHARED(P2pInbox);

@@ -74,6 +74,31 @@ TEST_CASE("rank 0 passes count N while the others pass N-2") {
   }
 }
 
+TEST_CASE("an allreduce that fits one line against one that does not, and barrier vs allreduce") {
+  // Ten float32 take the low-latency path, eleven the direct path: the
+  // ranks disagree on the path as well as the count, and still every rank
+  // gets the mismatch.
+  for (int n : {2, 3}) {
+    expect_mismatch(
+        n,
+        [](Communicator& c) {
+          std::vector<float> x(c.rank() == 0 ? 10 : 11, 1.0f);
+          c.allreduce(std::span<float>(x), ReduceOp::sum);
+        },
+        "count=");
+    expect_mismatch(
+        n,
+        [n](Communicator& c) {
+          std::vector<float> x(2, 1.0f);
+          if (c.rank() == n - 1)
+            c.barrier();
+          else
+            c.allreduce(std::span<float>(x), ReduceOp::sum);
+        },
+        "barrier");
+  }
+}
+
 TEST_CASE("datatype float32 against bfloat16") {
   for (const char* algo : {"direct", "ring"}) {
     expect_mismatch(

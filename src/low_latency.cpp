@@ -1,0 +1,141 @@
+// Low-latency path for the smallest collectives: barriers and allreduces of
+// at most kLowLatencyBytes (40 bytes: ten float32).
+//
+// Terms. Every rank owns two low-latency lines (layout.hpp LowLatencyLine);
+// collective c uses line c mod 2. A line holds a sequence number (`seq` =
+// c + 1), the descriptor (count, kind, datatype, operator, algorithm, root)
+// and the data, all in its first 64 bytes.
+//
+// Steps of collective c, on every rank:
+//   1. Make sure line c mod 2 is free: every peer finished collective c-2.
+//      When c-1 was a low-latency collective that is already proven (we read
+//      every peer's line c-1, which a peer writes only after finishing c-2),
+//      so back-to-back small calls never read a peer's `done` counter.
+//      Otherwise wait for the `done` counters as the direct path does.
+//   2. Write descriptor and data into the line, then `seq` (release), then
+//      `announced` (the counter that carries sleepers and slow checks).
+//   3. For each peer, poll its line until `seq` = c + 1 (acquire): the poll
+//      that succeeds brings descriptor and data with it, one cache-line
+//      transfer per peer (the direct path moves three: announced,
+//      descriptor entry, data). Compare the descriptor, then reduce the N
+//      lines in rank order 0..N-1 (bitwise the same on every rank, float16
+//      and bfloat16 in float64 and rounded once, as the direct path).
+// A wait that does not succeed within the spin phase falls back to waiting
+// on the peer's `announced` counter (yield, futex sleep, peer death, abort
+// and deadline checks of wait_counter). A peer that announced collective c
+// without writing its line took another path: a mismatch (check_descriptor
+// names it). This is NCCL's "LL" idea (data and flag travel together), here
+// with a whole line per rank and one flag per line instead of a flag per
+// 8 bytes: the writer publishes the line with one release store.
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "comm_impl.hpp"
+#include "reduce_steps.hpp"
+
+namespace shmring {
+
+namespace {
+
+std::uint32_t pack(const CollectiveDesc& d) {
+  return static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.dtype) << 8 |
+         static_cast<std::uint32_t>(d.op) << 16 | static_cast<std::uint32_t>(d.algorithm) << 24;
+}
+
+}  // namespace
+
+detail::LowLatencyLine& Communicator::Impl::acquire_low_latency_line() {
+  if (low_latency_read != collectives) acquire_direct_buffer();  // done(q) >= c-1 for all q
+  return my_area().low_latency[collectives % 2];
+}
+
+const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
+  const detail::LowLatencyLine& line = area(peer).low_latency[collectives % 2];
+  const std::uint64_t want = collectives + 1;
+  auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
+  if (!ready()) {
+    detail::WaitPolicy policy = wait_policy;
+    // Spin only while the peer runs on a CPU of its own (placement.hpp).
+    if (!config.oversubscribed && keep_off_cpu_of(peer) && policy.spin_ns > 0) {
+      const auto start = detail::Clock::now();
+      while (!ready()) {
+        for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();
+        if ((detail::Clock::now() - start).count() >= policy.spin_ns) break;
+      }
+    }
+    if (!ready()) {
+      // `announced` is published after the line: once it moves, the line
+      // is visible, or the peer took another path.
+      policy.spin_ns = 0;
+      std::optional<detail::Clock::time_point> wait_deadline;
+      detail::Counter& announced = area(peer).announced;
+      detail::wait_at_least(announced, want, policy, [&] {
+        if (!wait_deadline) wait_deadline = deadline();
+        check_progress(peer, "the start of the collective", *wait_deadline, announced, want);
+      });
+      if (!ready()) {
+        check_descriptor(peer);  // throws: the peer is in another collective or path
+        fail(MismatchError(fmt::format(
+            "rank {}: collective #{} {}: rank {} announced it without its low-latency line", rank,
+            collectives, describe(*current), peer)));
+      }
+    }
+  }
+  const CollectiveDesc& mine = *current;
+  if (line.kind_dtype_op_algorithm.load(std::memory_order_relaxed) != pack(mine) ||
+      line.count.load(std::memory_order_relaxed) != mine.count ||
+      line.root.load(std::memory_order_relaxed) != mine.root) {
+    check_descriptor(peer);  // names the difference and throws
+    fail(MismatchError(fmt::format("rank {}: collective #{} {}: rank {} disagrees", rank,
+                                   collectives, describe(mine), peer)));
+  }
+  return line;
+}
+
+namespace algo {
+
+namespace {
+
+detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, std::size_t bytes) {
+  detail::LowLatencyLine& line = c.acquire_low_latency_line();
+  const CollectiveDesc& d = *c.current;
+  line.count.store(d.count, std::memory_order_relaxed);
+  line.kind_dtype_op_algorithm.store(pack(d), std::memory_order_relaxed);
+  line.root.store(d.root, std::memory_order_relaxed);
+  if (bytes > 0) std::memcpy(line.data, data, bytes);
+  line.seq.store(c.collectives + 1, std::memory_order_release);
+  c.announce();
+  return line;
+}
+
+void wait_all_lines(Communicator::Impl& c) {
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank) c.wait_low_latency(q);
+  c.low_latency_read = c.collectives + 1;
+}
+
+}  // namespace
+
+void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype, ReduceOp op) {
+  const std::size_t bytes = count * datatype_size(dtype);
+  publish_line(c, send, bytes);
+  wait_all_lines(c);
+  if (count == 0) return;
+  const std::size_t parity = c.collectives % 2;
+  reduce_in_rank_order(
+      c, static_cast<std::byte*>(recv),
+      [&c, parity](int q) -> const std::byte* { return c.area(q).low_latency[parity].data; },
+      c.size, count, dtype, op);
+}
+
+void barrier_low_latency(Communicator::Impl& c) {
+  publish_line(c, nullptr, 0);
+  wait_all_lines(c);
+}
+
+}  // namespace algo
+
+}  // namespace shmring
