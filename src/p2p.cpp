@@ -33,7 +33,8 @@
 //        it mismatches: that one reaches s at its next send to r.
 //      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default): r reads
 //        s's buffer with process_vm_readv (cross-memory attach): the bytes
-//        move once. It needs ptrace access to s. When the kernel refuses
+//        move once (from 4 MiB split in 1 MiB reads across r's reduction
+//        threads, when it has more than one). It needs ptrace access to s. When the kernel refuses
 //        (EPERM: Yama ptrace_scope=1 without PR_SET_PTRACER, a seccomp filter
 //        as in some containers; ENOSYS) r stages this and every later message
 //        instead, and says so once at info level. SHMRING_CMA=0 turns single
@@ -72,9 +73,14 @@
 #include <fmt/format.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -421,6 +427,29 @@ int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes) {
   }
   return 0;
 }
+
+// Large single-copy reads are split across this rank's reduction threads
+// (its oneTBB arena, cores / local ranks): one thread's copy rarely uses
+// the memory bandwidth two idle ranks' cores have.
+constexpr std::uint64_t kCmaParallelMinBytes = 4u << 20;
+constexpr std::uint64_t kCmaGrainBytes = 1u << 20;
+
+int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint64_t addr,
+                      std::uint64_t bytes) {
+  if (arena == nullptr || arena->max_concurrency() < 2 || bytes < kCmaParallelMinBytes)
+    return cma_read(pid, dst, addr, bytes);
+  std::atomic<int> error{0};
+  arena->execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::uint64_t>(0, bytes, kCmaGrainBytes),
+        [&](const tbb::blocked_range<std::uint64_t>& r) {
+          if (int e = cma_read(pid, dst + r.begin(), addr + r.begin(), r.size()); e != 0)
+            error.store(e, std::memory_order_relaxed);
+        },
+        tbb::static_partitioner());
+  });
+  return error.load(std::memory_order_relaxed);
+}
 }  // namespace
 
 void P2p::queue_verdict(int peer, const OpPtr& op, std::uint64_t code, bool complete_now,
@@ -473,7 +502,7 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
   PeerState& ps = peers_[static_cast<std::size_t>(peer)];
   if (cma_ && !ps.cma_refused && (h.flags & kP2pCmaOffered)) {
     const int pid = c_.area(peer).info.pid.load(std::memory_order_relaxed);
-    const int err = cma_read(pid, op->buf, h.addr, op->bytes);
+    const int err = cma_read_parallel(c_.arena.get(), pid, op->buf, h.addr, op->bytes);
     if (err == 0) {
       queue_verdict(peer, op, kP2pVerdictOk, false, nullptr);
       return;

@@ -8,6 +8,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <dirent.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <signal.h>
@@ -182,37 +183,49 @@ TEST_CASE("pairs send to each other at once, both directions, blocking sends buf
   })));
 }
 
+namespace {
+// Sender isends 3 messages on each of 6 tags (inline, staged and single-copy
+// sizes); the receiver takes the tags in reverse order.
+void tags_interleaved(Communicator& comm) {
+  const int r = comm.rank(), p = 1 - r;
+  constexpr int kTags = 6, kPerTag = 3;
+  // Sizes mix inline, staged and single-copy messages.
+  auto count_of = [](int tag, int k) {
+    const std::size_t c[] = {2, 900, 20000, 3, 70000, 1};
+    return c[(tag + k) % 6];
+  };
+  if (r == 0) {
+    std::vector<std::vector<std::int64_t>> bufs;
+    std::vector<Request> reqs;
+    for (int k = 0; k < kPerTag; ++k)
+      for (int t = 0; t < kTags; ++t) {
+        bufs.push_back(message(r, p, t * 10 + k, count_of(t, k)));
+        reqs.push_back(comm.isend(bufs.back().data(), bufs.back().size(), DataType::int64, p, t));
+      }
+    for (auto& q : reqs) q.wait();
+  } else {
+    // Receive tags in reverse order; within a tag, in order.
+    for (int t = kTags - 1; t >= 0; --t)
+      for (int k = 0; k < kPerTag; ++k) {
+        std::vector<std::int64_t> in(count_of(t, k), -1);
+        comm.recv(in.data(), in.size(), DataType::int64, p, t);
+        expect(in, p, r, t * 10 + k);
+      }
+  }
+}
+}  // namespace
+
 TEST_CASE("tags interleaved: later tags overtake earlier ones, order kept per tag") {
-  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
-    const int r = comm.rank(), p = 1 - r;
-    constexpr int kTags = 6, kPerTag = 3;
-    // Sizes mix inline, staged and single-copy messages.
-    auto count_of = [](int tag, int k) {
-      const std::size_t c[] = {2, 900, 20000, 3, 70000, 1};
-      return c[(tag + k) % 6];
-    };
-    if (r == 0) {
-      std::vector<std::vector<std::int64_t>> bufs;
-      std::vector<Request> reqs;
-      for (int k = 0; k < kPerTag; ++k)
-        for (int t = 0; t < kTags; ++t) {
-          bufs.push_back(message(r, p, t * 10 + k, count_of(t, k)));
-          reqs.push_back(comm.isend(bufs.back().data(), bufs.back().size(), DataType::int64, p, t));
-        }
-      for (auto& q : reqs) q.wait();
-    } else {
-      // Receive tags in reverse order; within a tag, in order.
-      for (int t = kTags - 1; t >= 0; --t)
-        for (int k = 0; k < kPerTag; ++k) {
-          std::vector<std::int64_t> in(count_of(t, k), -1);
-          comm.recv(in.data(), in.size(), DataType::int64, p, t);
-          expect(in, p, r, t * 10 + k);
-        }
-    }
-  })));
+  CHECK(test::all_zero(test::run_ranks(2, tags_interleaved)));
 }
 
-TEST_CASE("100k small messages each way between a pair, and a ring of 8 B messages at N=3") {
+TEST_CASE("tags interleaved with single-copy reads off: staged messages taken out of order") {
+  setenv("SHMRING_CMA", "0", 1);
+  CHECK(test::all_zero(test::run_ranks(2, tags_interleaved)));
+  unsetenv("SHMRING_CMA");
+}
+
+TEST_CASE("100k small messages ping-ponged between a pair, in order") {
   CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank(), p = 1 - r;
     constexpr int kMsgs = 100000;
@@ -440,4 +453,37 @@ TEST_CASE("a recv with no sender times out within SHMRING_TIMEOUT") {
       },
       120, o);
   CHECK(test::all_zero(st));
+}
+
+TEST_CASE("two threads of each rank send and receive on one communicator at once") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank(), p = 1 - r;
+    auto worker = [&](int tag) {
+      for (std::size_t count : {std::size_t{1}, std::size_t{3000}, std::size_t{200000}}) {
+        for (int k = 0; k < 20; ++k) {
+          auto out = message(r, p, tag + k, count);
+          std::vector<std::int64_t> in(count, -1);
+          Request s = comm.isend(out.data(), count, DataType::int64, p, tag);
+          comm.recv(in.data(), count, DataType::int64, p, tag);
+          s.wait();
+          expect(in, p, r, tag + k);
+        }
+      }
+    };
+    std::thread a(worker, 100), b(worker, 200);
+    a.join();
+    b.join();
+  })));
+}
+
+TEST_CASE("nothing of these tests is left in /dev/shm") {
+  const std::string mine = "-" + std::to_string(getpid()) + "-";
+  std::string left;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).find(mine) != std::string::npos)
+        left += std::string(e->d_name) + " ";
+    closedir(d);
+  }
+  CHECK_MESSAGE(left.empty(), "left in /dev/shm: " << left);
 }
