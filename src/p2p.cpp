@@ -240,7 +240,7 @@ void P2p::finish(const OpPtr& op, std::exception_ptr error) {
   op->done = true;
   op->error = error;
   // Another thread of ours may be waiting for this operation on our doorbell.
-  ring(c_.rank);
+  if (sleepers_ > 0) ring(c_.rank);
   if (op->req) {
     --requests_pending_;
     completions_.push_back(op);
@@ -722,9 +722,11 @@ void P2p::wait(Op& op) {
     }
     deliver(lock);
     if (op.done) break;
+    ++sleepers_;
     lock.unlock();
     wait_doorbell(seen, op.peer, false);
     lock.lock();
+    --sleepers_;
   }
   if (op.error) std::rethrow_exception(op.error);
 }
@@ -751,9 +753,11 @@ void P2p::loop() {
     }
     deliver(lock);
     if (requests_pending_ == 0 || stop_) continue;
+    ++sleepers_;
     lock.unlock();
     wait_doorbell(seen, -1, true);
     lock.lock();
+    --sleepers_;
   }
 }
 
@@ -794,27 +798,30 @@ namespace {
 detail::P2p& checked_p2p(Communicator::Impl& c, bool is_send, const void* buf, std::size_t count,
                          DataType dtype, int peer, int tag) {
   c.check_owner();
-  const std::string what =
-      fmt::format("{}(count={}, peer={}, tag={})", is_send ? "send" : "recv", count, peer, tag);
+  // Formatted only for an error: this runs on every message, however small.
+  auto what = [&] {
+    return fmt::format("{}(count={}, peer={}, tag={})", is_send ? "send" : "recv", count, peer,
+                       tag);
+  };
   if (static_cast<unsigned>(dtype) >= static_cast<unsigned>(kNumDataTypes))
     throw InvalidArgumentError(fmt::format("rank {}: {}: datatype {} is not a DataType (0..{})",
-                                           c.rank, what, static_cast<int>(dtype),
+                                           c.rank, what(), static_cast<int>(dtype),
                                            kNumDataTypes - 1));
   if (peer < 0 || peer >= c.size || peer == c.rank)
     throw InvalidArgumentError(
         fmt::format("rank {}: {}: peer {} is not another rank of this communicator (0..{}, not {})",
-                    c.rank, what, peer, c.size - 1, c.rank));
+                    c.rank, what(), peer, c.size - 1, c.rank));
   if (tag < 0)
     throw InvalidArgumentError(
-        fmt::format("rank {}: {}: tag {} is negative (tags are >= 0)", c.rank, what, tag));
+        fmt::format("rank {}: {}: tag {} is negative (tags are >= 0)", c.rank, what(), tag));
   std::size_t bytes = 0;
   if (__builtin_mul_overflow(count, datatype_size(dtype), &bytes) ||
       bytes > (std::numeric_limits<std::size_t>::max() >> 2))
-    throw InvalidArgumentError(fmt::format("rank {}: {}: count {} of {} overflows", c.rank, what,
+    throw InvalidArgumentError(fmt::format("rank {}: {}: count {} of {} overflows", c.rank, what(),
                                            count, to_string(dtype)));
   if (bytes > 0 && buf == nullptr)
     throw InvalidArgumentError(
-        fmt::format("rank {}: {}: buffer is null but holds {} bytes", c.rank, what, bytes));
+        fmt::format("rank {}: {}: buffer is null but holds {} bytes", c.rank, what(), bytes));
   std::call_once(c.p2p_once, [&] { c.p2p = std::make_shared<detail::P2p>(c); });
   if (c.p2p->inherited())
     throw InvalidArgumentError(fmt::format(

@@ -107,6 +107,7 @@ class P2p {
   std::deque<OpPtr> stage_queue_;
   std::uint64_t stage_base_ = 0;  // channel(sender, me).recv.drained at activation
   bool stop_ = false;
+  int sleepers_ = 0;  // threads between unlock and re-lock around a doorbell wait
   std::size_t requests_pending_ = 0;
   std::vector<OpPtr> completions_;  // finished requests not yet delivered
   std::unique_ptr<std::thread> thread_;
