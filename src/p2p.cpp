@@ -387,16 +387,20 @@ bool P2p::progress_send(int peer, PeerState& ps) {
     }
   }
   if (OpPtr op = ps.streaming) {
-    const std::uint64_t drained = ch.recv.drained.load(std::memory_order_acquire);
-    while (op->slices < op->nslices && op->slices < drained - op->base + kP2pStageSlots) {
+    // Each slice is announced at once (a ring per 32 KiB), so that the
+    // receiver copies slice j out while we copy slice j+1 in.
+    while (op->slices < op->nslices &&
+           op->slices <
+               ch.recv.drained.load(std::memory_order_acquire) - op->base + kP2pStageSlots) {
       const std::uint64_t off = op->slices * stage_bytes_;
       const std::uint64_t n = std::min<std::uint64_t>(stage_bytes_, op->bytes - off);
       std::memcpy(stage_slot(peer, op->slices), op->buf + off, n);
       ++op->slices;
       ch.send.staged.store(++ps.staged, std::memory_order_release);
-      op->deadline = c_.deadline();
-      moved = tell = true;
+      ring(peer);
+      moved = true;
     }
+    if (moved) op->deadline = c_.deadline();
     if (op->slices == op->nslices) ps.streaming = nullptr;
   }
   if (tell) ring(peer);
@@ -588,20 +592,20 @@ bool P2p::progress_staging() {
       ring(peer);
       moved = true;
     }
-    const std::uint64_t staged = ch.send.staged.load(std::memory_order_acquire);
     bool took = false;
-    while (op->slices < op->nslices && staged > stage_base_ + op->slices) {
+    while (op->slices < op->nslices &&
+           ch.send.staged.load(std::memory_order_acquire) > stage_base_ + op->slices) {
       const std::uint64_t off = op->slices * stage_bytes_;
       const std::uint64_t n = std::min<std::uint64_t>(stage_bytes_, op->bytes - off);
       std::memcpy(op->buf + off, stage_slot(c_.rank, op->slices), n);
       ++op->slices;
       ch.recv.drained.store(++ps.drained, std::memory_order_release);
+      if (op->slices < op->nslices) ring(peer);  // a slot is free; the verdict rings below
       took = true;
     }
     if (took) {
       op->deadline = c_.deadline();
       moved = true;
-      if (op->slices < op->nslices) ring(peer);  // slots freed; the verdict rings below
     }
     if (op->slices < op->nslices) break;
     stage_queue_.pop_front();
