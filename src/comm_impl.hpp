@@ -188,7 +188,7 @@ struct Communicator::Impl {
   std::atomic<std::uint64_t> completed{0};
   /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.
   int progress_cpu = -1;
-  /// Null until the first non-blocking call. Last member: destroyed first.
+  /// Null until the first non-blocking call. Reset first, in ~Impl.
   std::unique_ptr<detail::Engine> engine;
   /// Point-to-point (p2p.cpp), made on the first send/recv. Declared after
   /// `engine`, so destroyed before anything else, while the segment is mapped.
