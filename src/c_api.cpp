@@ -389,6 +389,34 @@ shmring_result_t shmring_request_free(shmring_request_t req) {
   return SHMRING_SUCCESS;
 }
 
+// ---- Point-to-point (p2p.cpp). ----
+
+shmring_result_t shmring_send(const void* buffer, size_t count, shmring_datatype_t dtype, int peer,
+                              int tag, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.send(buffer, count, dt(dtype), peer, tag); });
+}
+
+shmring_result_t shmring_recv(void* buffer, size_t count, shmring_datatype_t dtype, int peer,
+                              int tag, shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.recv(buffer, count, dt(dtype), peer, tag); });
+}
+
+shmring_result_t shmring_isend(const void* buffer, size_t count, shmring_datatype_t dtype, int peer,
+                               int tag, shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.isend(buffer, count, dt(dtype), peer, tag); });
+}
+
+shmring_result_t shmring_irecv(void* buffer, size_t count, shmring_datatype_t dtype, int peer,
+                               int tag, shmring_comm_t comm, shmring_request_t* req) {
+  SHMRING_REQUIRE_COMM(comm);
+  return start(comm, req, __func__,
+               [&] { return comm->comm.irecv(buffer, count, dt(dtype), peer, tag); });
+}
+
 const char* shmring_get_error_string(shmring_result_t result) {
   switch (result) {
     case SHMRING_SUCCESS:

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,7 +82,8 @@ struct Op {
 
 namespace detail {
 class Engine;
-}
+class P2p;
+}  // namespace detail
 
 struct Communicator::Impl {
   ~Impl();  // engine.cpp: stops the progress thread before anything else goes
@@ -208,8 +210,12 @@ struct Communicator::Impl {
   std::atomic<std::uint64_t> completed{0};
   /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.
   int progress_cpu = -1;
-  /// Null until the first non-blocking call. Last member: destroyed first.
+  /// Null until the first non-blocking call. Reset first, in ~Impl.
   std::unique_ptr<detail::Engine> engine;
+  /// Point-to-point (p2p.cpp), made on the first send/recv. Declared after
+  /// `engine`, so destroyed before anything else, while the segment is mapped.
+  std::once_flag p2p_once;
+  std::shared_ptr<detail::P2p> p2p;
 
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,

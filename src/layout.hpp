@@ -9,6 +9,7 @@
 //                                  slot_bytes each
 //   [direct buffers: rank 0 buffer 0..1, rank 1 ...]    page-aligned,
 //                                  direct_bytes each (small-message path)
+//   [point-to-point region        ] page-aligned, p2p_region_bytes(N) (p2p.hpp)
 //
 // Every field a rank writes in a hot loop sits on its own 128-byte line (two
 // 64-byte lines: adjacent-line prefetch would otherwise couple them).
@@ -24,7 +25,7 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 4;
+inline constexpr std::uint32_t kLayoutVersion = 5;  // 4: low-latency lines; 5: point-to-point region
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -156,6 +157,71 @@ struct alignas(kLine) Header {
 };
 inline constexpr std::size_t kHeaderBytes = (sizeof(Header) + kPage - 1) / kPage * kPage;
 
+// ---- Point-to-point (send/recv; the protocol is described in p2p.cpp).
+// Region: [P2pInbox x N][P2pChannel x N*N (sender-major)][staging: N x
+// kP2pStageSlots x kP2pStageBytes]. None of it is used by collectives.
+inline constexpr std::size_t kP2pEntries = 8;         // headers per pair not yet read by r
+inline constexpr std::size_t kP2pVerdicts = 8;        // verdicts per pair not yet read by s
+inline constexpr std::size_t kP2pInlineBytes = 40;    // payloads this small travel in the header
+inline constexpr std::size_t kP2pStageSlots = 4;      // staging slots per receiving rank
+inline constexpr std::size_t kP2pStageBytes = 32768;  // bytes per staging slot
+
+/// Per receiving rank: the doorbell every peer rings after writing
+/// something that rank must look at (a header, a slice, a verdict).
+struct P2pInbox {
+  Counter doorbell;
+};
+
+/// Header of message m from s to r: entry m mod kP2pEntries of channel
+/// (s, r), written by s before it publishes posted = m+1.
+struct alignas(64) P2pEntry {
+  std::atomic<std::uint64_t> count;
+  std::atomic<std::uint64_t> addr;  // the send buffer in s's address space (single-copy reads)
+  std::atomic<std::int32_t> tag;
+  std::atomic<std::uint32_t> flags;  // dtype | kP2pInline | kP2pCmaOffered
+  unsigned char inline_data[kP2pInlineBytes];
+};
+inline constexpr std::uint32_t kP2pDtypeMask = 0xff;
+inline constexpr std::uint32_t kP2pInline = 1u << 8;
+inline constexpr std::uint32_t kP2pCmaOffered = 1u << 9;
+
+/// Verdict v of channel (s, r), entry v mod kP2pVerdicts, written by r
+/// before it publishes verdicts = v+1: message (word >> 8) - 1 is finished.
+struct P2pVerdict {
+  std::atomic<std::uint64_t> word;        // (m+1) << 8 | r's dtype << 2 | code
+  std::atomic<std::uint64_t> recv_count;  // r's count, for a mismatch message
+};
+inline constexpr std::uint64_t kP2pVerdictOk = 1;
+inline constexpr std::uint64_t kP2pVerdictMismatch = 2;
+
+/// Directed pair s -> r.
+struct P2pChannel {
+  struct alignas(kLine) {
+    std::atomic<std::uint64_t> posted;         // headers published
+    std::atomic<std::uint64_t> staged;         // slices written into r's staging slots
+    std::atomic<std::uint64_t> verdicts_read;  // verdicts s has read
+  } send;                                      // written by s
+  struct alignas(kLine) {
+    std::atomic<std::uint64_t> headers_read;        // headers r has copied (their entries are free)
+    std::atomic<std::uint64_t> drained;             // slices of s that r has copied out
+    std::atomic<std::uint64_t> active;              // m+1: message m may stream into r's slots now
+    std::atomic<std::uint64_t> verdicts;            // verdicts published
+  } recv;                                           // written by r
+  alignas(kLine) P2pVerdict verdict[kP2pVerdicts];  // written by r
+  P2pEntry entry[kP2pEntries];                      // written by s
+};
+
+inline constexpr std::uint64_t p2p_channels_offset(std::uint64_t n) {
+  return (n * sizeof(P2pInbox) + kLine - 1) / kLine * kLine;
+}
+inline constexpr std::uint64_t p2p_stage_offset(std::uint64_t n) {
+  return (p2p_channels_offset(n) + n * n * sizeof(P2pChannel) + kPage - 1) / kPage * kPage;
+}
+/// Bytes of the point-to-point region for world size n (n <= 2^20).
+inline constexpr std::uint64_t p2p_region_bytes(std::uint64_t n) {
+  return p2p_stage_offset(n) + n * kP2pStageSlots * kP2pStageBytes;
+}
+
 /// Offsets of one layout, computed locally from (world_size, slots,
 /// slot_bytes) and never trusted from shared memory.
 struct Layout {
@@ -163,6 +229,7 @@ struct Layout {
   std::uint64_t slot_offset;
   std::uint64_t direct_offset;
   std::uint64_t total_bytes;
+  std::uint64_t p2p_offset;  // point-to-point region (p2p_region_bytes)
 };
 
 inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
@@ -183,6 +250,10 @@ inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint6
   if (__builtin_mul_overflow(direct_bytes, kDirectBuffers * world_size, &direct))
     return std::nullopt;
   if (__builtin_add_overflow(direct, l.direct_offset, &l.total_bytes)) return std::nullopt;
+  l.p2p_offset = round_up(l.total_bytes, kPage);
+  if (l.p2p_offset < l.total_bytes) return std::nullopt;
+  if (__builtin_add_overflow(l.p2p_offset, p2p_region_bytes(world_size), &l.total_bytes))
+    return std::nullopt;
   return l;
 }
 
@@ -195,6 +266,10 @@ SHMRING_CHECK_SHARED(RankInfo);
 SHMRING_CHECK_SHARED(LowLatencyLine);
 SHMRING_CHECK_SHARED(RankArea);
 SHMRING_CHECK_SHARED(Header);
+SHMRING_CHECK_SHARED(P2pInbox);
+SHMRING_CHECK_SHARED(P2pEntry);
+SHMRING_CHECK_SHARED(P2pChannel);
+SHMRING_CHECK_SHARED(P2pVerdict);
 #undef SHMRING_CHECK_SHARED
 // std::atomic is not trivially copyable in C++20 (deleted copy), so we check
 // its representation instead: same size as the value and always lock-free, so
@@ -206,6 +281,7 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words must be 32-b
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
 static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == 64);
 static_assert(sizeof(RankArea) % kLine == 0);
+static_assert(sizeof(P2pEntry) == 64 && sizeof(P2pVerdict) == 16 && sizeof(P2pChannel) == 896);
 // The write-once part of the header fits its first line; validate_header()
 // reads exactly these bytes.
 static_assert(offsetof(Header, status) == kLine);

@@ -556,11 +556,12 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (err != 0) {
       std::string reason = fmt::format(
           "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x ({} "
-          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header and rank areas) and "
-          "/dev/shm has {} "
+          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header and rank areas + {} "
+          "bytes of point-to-point queues) and /dev/shm has {} "
           "free ({}); lower SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
           req.name, layout->total_bytes, req.world_size, req.slots, req.slot_bytes,
-          req.direct_bytes, layout->slot_offset, shm_dir_free(), std::strerror(err));
+          req.direct_bytes, layout->slot_offset, p2p_region_bytes(req.world_size), shm_dir_free(),
+          std::strerror(err));
       // Tell the other ranks through a header-only segment, then remove it.
       if (req.world_size > 1 && header_reserved && file_size(seg->fd_) >= kHeaderBytes) {
         (void)!ftruncate(seg->fd_, static_cast<off_t>(kHeaderBytes));

@@ -62,6 +62,8 @@ class Segment {
            (static_cast<std::uint64_t>(r) * kDirectBuffers + b) * direct_bytes_;
   }
   std::uint64_t direct_bytes() const { return direct_bytes_; }
+  /// Start of the point-to-point region (layout.hpp, p2p.hpp).
+  std::byte* p2p_base() { return base_ + layout_.p2p_offset; }
   std::uint64_t slots() const { return slots_; }
   std::uint64_t slot_bytes() const { return slot_bytes_; }
   std::uint64_t total_bytes() const { return layout_.total_bytes; }

@@ -240,6 +240,12 @@ class SHMRING_API Communicator {
 
   /// Sends `count` elements of `dtype` to `peer` (!= rank()). May return
   /// before the receiver has posted its recv (small messages are buffered).
+  /// Messages up to 40 bytes are buffered (up to 8 per pair not yet seen by
+  /// the receiver): send returns at once, and a mismatch the receiver finds
+  /// is thrown by the next send to that peer. Larger ones return once the
+  /// receiver has taken the data. Thread-safe: several threads may send and
+  /// receive on one communicator at once. PeerFailureError, TimeoutError
+  /// (SHMRING_TIMEOUT), AbortedError as collectives.
   void send(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
   /// Receives `count` elements of `dtype` from `peer` (!= rank()) with `tag`.
   void recv(void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);

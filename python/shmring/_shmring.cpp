@@ -588,6 +588,22 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
   };
 }
 
+// A point-to-point call's Python entry point: errors start with the rank
+// like the core's, and nothing is published (send/recv are not in the
+// collective order, so a refusal there concerns this rank and its peer only).
+template <class... A>
+auto ranked_p2p(py::object (*f)(PyCommunicator&, A...)) {
+  return [f](PyCommunicator& self, A... args) -> py::object {
+    try {
+      return f(self, std::move(args)...);
+    } catch (const InvalidArgumentError& e) {
+      std::string m = e.what();
+      if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
+      throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
+    }
+  };
+}
+
 // Runs one collective with the GIL released, holding the one-thread guard.
 template <class F>
 void run_collective(PyCommunicator& self, const char* what, F&& f) {
@@ -873,6 +889,28 @@ py::object reduce_scatter_v(PyCommunicator& self, py::object send_obj, py::objec
       });
 }
 
+// Point-to-point: `buffer` is sent as it is (read only) or received into
+// (written), zero copy.
+py::object send(PyCommunicator& self, py::object buffer, int peer, int tag, bool async_op) {
+  Held held;
+  BufferView& view = held.add();
+  view.acquire(buffer, "send: buffer", /*writable=*/false);
+  return dispatch(
+      self, "send", async_op, held, py::none(),
+      [&](Communicator& c) { c.send(view.data(), view.count(), view.dtype(), peer, tag); },
+      [&](Communicator& c) { return c.isend(view.data(), view.count(), view.dtype(), peer, tag); });
+}
+
+py::object recv(PyCommunicator& self, py::object buffer, int peer, int tag, bool async_op) {
+  Held held;
+  BufferView& view = held.add();
+  view.acquire(buffer, "recv: buffer", /*writable=*/true);
+  return dispatch(
+      self, "recv", async_op, held, buffer,
+      [&](Communicator& c) { c.recv(view.data(), view.count(), view.dtype(), peer, tag); },
+      [&](Communicator& c) { return c.irecv(view.data(), view.count(), view.dtype(), peer, tag); });
+}
+
 py::dict config_dict(const Config& c) {
   py::dict d;
   d["rank"] = c.rank;
@@ -1151,6 +1189,25 @@ receives op over ranks of block r, reduced in rank order (float16 and
 bfloat16 round once). recv_counts: a sequence of `size` ints, the same on
 every rank (else MismatchError everywhere). In place when `out` is the
 rank's block of `send`. Returns `out`.
+)doc")
+      .def("send", ranked_p2p(&send), py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0,
+           py::kw_only(), py::arg("async_op") = false, R"doc(
+Sends `buffer` (read only, zero copy) to rank `peer` (!= rank) with `tag`
+(>= 0). Only the two ranks take part; messages of one (sender, receiver,
+tag) arrive in order. Small messages (<= 40 bytes) are buffered: send
+returns at once; larger ones return when the receiver has taken them.
+Raises InvalidArgumentError (bad peer or tag), MismatchError (the matching
+recv has another element count or datatype: raised on both ranks; for a
+buffered message, by the next send to that peer), PeerFailureError,
+TimeoutError. async_op=True returns a shmring.Request (isend); unlike
+collectives, these progress on their own, in any order on the two ranks.
+)doc")
+      .def("recv", ranked_p2p(&recv), py::arg("buffer"), py::arg("peer"), py::arg("tag") = 0,
+           py::kw_only(), py::arg("async_op") = false, R"doc(
+Receives into `buffer` (writable, zero copy; its element count and datatype
+must equal the sender's) the next message from rank `peer` with `tag`.
+Returns `buffer`. Errors as send(); async_op=True returns a shmring.Request
+(irecv) whose .result is `buffer`.
 )doc")
       .def(
           "barrier",

@@ -26,6 +26,14 @@ def test_every_operation_and_dtype(tmp):
             assert word in out
 
 
+def test_send_recv_and_batch_isend_irecv_ring(tmp):
+    """dist.send/recv, isend/irecv and batch_isend_irecv on a ring of 3."""
+    results = run_job("p2p", 3, tmp)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "p2p ok" in out
+
+
 def test_mismatch_is_an_error_on_every_rank(tmp):
     results = run_job("mismatch", 2, tmp)
     assert_all_ok(results)

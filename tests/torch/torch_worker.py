@@ -251,10 +251,7 @@ def scenario_refusals(rank, size):
     pg = dist.distributed_c10d._get_default_group()
     expect_error(lambda: pg.allreduce([torch.ones(2), torch.ones(2)]), "exactly one")
     expect_error(lambda: dist.all_reduce(torch.ones(2).to_sparse()), "allreduce")
-    if rank == 0:
-        expect_error(lambda: dist.send(t, dst=1), "does not support send")
-    else:
-        expect_error(lambda: dist.recv(t, src=0), "does not support recv")
+    expect_error(lambda: dist.recv(t), "recvAnysource")
     expect_error(lambda: dist.all_gather([torch.empty(4)], t), "group size")
     expect_error(lambda: dist.broadcast(t, src=size), "root")
     # Still usable after all that.
@@ -262,6 +259,60 @@ def scenario_refusals(rank, size):
     dist.all_reduce(x)
     check_close(x, reference(size, 10, "SUM", torch.float32), "all_reduce after refusals")
     print("refusals ok", flush=True)
+
+
+def scenario_p2p(rank, size):
+    """send/recv: a batch_isend_irecv ring (isend to the right and irecv from
+    the left, in that order on every rank, then both ways), blocking
+    dist.send/recv, isend/irecv around a collective, a dtype moved as bytes,
+    a non-contiguous recv tensor. Values distinct per (sender, receiver, tag)."""
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    def msg(src, dst, tag, n, dtype=torch.float32):
+        i = torch.arange(n, dtype=torch.int64)
+        return (src * 1000 + dst * 100 + tag * 10 + i % 7).to(dtype)
+
+    for n in (1, 1000, 300_000):
+        out = msg(rank, right, 0, n)
+        inb = torch.zeros(n)
+        ops = [dist.P2POp(dist.isend, out, right), dist.P2POp(dist.irecv, inb, left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check(torch.equal(inb, msg(left, rank, 0, n)), f"batch ring n={n}")
+        # Both neighbours at once.
+        to_l, from_r = msg(rank, left, 1, n), torch.zeros(n)
+        ops = [dist.P2POp(dist.isend, out, right), dist.P2POp(dist.isend, to_l, left),
+               dist.P2POp(dist.irecv, inb, left), dist.P2POp(dist.irecv, from_r, right)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        check(torch.equal(inb, msg(left, rank, 0, n)) and torch.equal(from_r, msg(right, rank, 1, n)),
+              f"batch both ways n={n}")
+    # Blocking send/recv along the ring: rank 0 starts, the others pass it on.
+    t = torch.zeros(50, dtype=torch.int64)
+    if rank == 0:
+        dist.send(msg(0, 1, 2, 50, torch.int64), dst=1, tag=2)
+        dist.recv(t, src=left, tag=2)
+        check(torch.equal(t, msg(left, 0, 2, 50, torch.int64)), "blocking ring back at 0")
+    else:
+        dist.recv(t, src=left, tag=2)
+        check(torch.equal(t, msg(left, rank, 2, 50, torch.int64)), "blocking ring")
+        dist.send(msg(rank, right, 2, 50, torch.int64), dst=right, tag=2)
+    # isend/irecv posted around an all_reduce, waited after it.
+    a = dist.isend(msg(rank, right, 3, 4096), right, tag=3)
+    x = torch.ones(8)
+    dist.all_reduce(x)
+    b = dist.irecv(inb[:4096], left, tag=3)
+    a.wait()
+    b.wait()
+    check(torch.equal(inb[:4096], msg(left, rank, 3, 4096)) and torch.equal(x, torch.full((8,), float(size))),
+          "around all_reduce")
+    # int16 (no shmring dtype: moved as bytes) into a non-contiguous tensor.
+    dst = torch.zeros(20, 2, dtype=torch.int16)[:, 0]
+    w = dist.isend(msg(rank, right, 4, 20, torch.int16), right, tag=4)
+    dist.recv(dst, src=left, tag=4)
+    w.wait()
+    check(torch.equal(dst, msg(left, rank, 4, 20, torch.int16)), "int16 non-contiguous")
+    print("p2p ok", flush=True)
 
 
 def scenario_ops_all(rank, size):

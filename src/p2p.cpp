@@ -1,0 +1,859 @@
+// Point-to-point send/recv between two ranks of a communicator.
+//
+// Terms (reflected in the names below):
+//   pair (s, r)   the directed channel from sender s to receiver r
+//                 (P2pChannel); its messages are numbered m = 0, 1, 2, ...
+//   header        entry m mod E (E = kP2pEntries = 8) of the pair, written by
+//                 s: count, datatype, tag, the send buffer's address in s,
+//                 and the payload itself when it is at most kP2pInlineBytes
+//                 (40 B). r copies headers out as soon as it sees them
+//                 (headers_read), so a pair holds at most E unread headers.
+//   verdict       entry v mod V (V = kP2pVerdicts = 8), written by r when
+//                 message m is finished: ok, or mismatch with r's count and
+//                 datatype; s reads them (verdicts_read) to complete sends.
+//   staging slot  kP2pStageSlots (4) x kP2pStageBytes (32 KiB) per receiver
+//                 r, lent to one incoming message at a time.
+//   doorbell      one futex counter per rank (P2pInbox): whoever writes
+//                 something rank x must look at rings x's doorbell; a waiting
+//                 rank sleeps on its own doorbell only, whatever the peer.
+//
+// A message m from s to r:
+//   1. s waits until m < headers_read + E, writes header m, publishes
+//      posted = m+1 (release) and rings r.
+//   2. r copies the header into its local list of unmatched messages and
+//      matches its posted recvs in order against that list: the first
+//      unmatched message with the recv's tag. Messages of one (s, r, tag)
+//      arrive in order; other tags may overtake (any number of messages).
+//   3. Count or datatype differ: MismatchError on r, and a mismatch verdict
+//      that makes s's send throw it too, naming both sides' values.
+//      Otherwise the payload moves by one of:
+//      - inline (<= 40 B): copied from the header; the send completed at
+//        step 1 already (buffered, so send-send / recv-recv exchanges of
+//        small messages work as with MPI's eager sends). No verdict unless
+//        it mismatches: that one reaches s at its next send to r.
+//      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default): r reads
+//        s's buffer with process_vm_readv (cross-memory attach): the bytes
+//        move once (from 4 MiB split in 1 MiB reads across r's reduction
+//        threads, when it has more than one). It needs ptrace access to s. When the kernel refuses
+//        (EPERM: Yama ptrace_scope=1 without PR_SET_PTRACER, a seccomp filter
+//        as in some containers; ENOSYS) r stages this and every later message
+//        instead, and says so once at info level. SHMRING_CMA=0 turns single
+//        copies off; SHMRING_CMA=1 also lets any process of this user read
+//        the rank under Yama (prctl PR_SET_PTRACER_ANY).
+//      - staged (the rest, or no single copy): r queues the message for its
+//        staging slots; when its turn comes it publishes active = m+1 and
+//        rings s; s copies slice j (32 KiB) into r's slot j mod 4 once r has
+//        drained slice j-4 (the pair's staged / drained counters), and r
+//        copies it out: bytes move twice, pipelined over 4 slots.
+//   4. r publishes the verdict (waiting for a free entry if s has V unread
+//      ones) and rings s; s's send or isend completes; so does r's recv.
+//
+// Progress: nothing here goes through the collective engine's queue, and no
+// collective slot is used. Every pending operation of a communicator is
+// progressed by any thread that waits for one of them (blocking send/recv,
+// Request::wait) and by a progress thread of their own, started on the first
+// isend or irecv that does not complete at once. So isend/irecv posted in any
+// order on two ranks, around collectives, always complete, and a blocking
+// recv completes while its sender sits in a collective after an isend.
+//
+// Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
+// channels of 896 B (three 128-B lines of counters and verdicts, 8 headers of
+// 64 B) and N x 128 KiB of staging: N=8: 1.1 MiB; N=64: 11.5 MiB (of 84 MiB
+// in all); N=256: 88 MiB (of 377 MiB: the collective slots are 1.1 MiB a
+// rank by default).
+//
+// Waits: a blocking caller spins only when its peer does not run on its CPU
+// (and never when oversubscribed), then yields, then sleeps on its doorbell;
+// the progress thread never spins. Each pending operation has a deadline,
+// SHMRING_TIMEOUT after it last moved; the slow path (every 10 ms) checks
+// the abort word and the liveness of the operation's peer.
+
+#include "p2p.hpp"
+
+#include <fmt/format.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "config.hpp"
+#include "log.hpp"
+#include "placement.hpp"
+
+namespace shmring {
+namespace detail {
+
+namespace {
+constexpr std::uint64_t kNoMsg = std::numeric_limits<std::uint64_t>::max();
+// A bounded doorbell wait ends with this (thrown from wait_at_least's slow check).
+struct SliceOver {};
+}  // namespace
+
+struct P2p::Header {
+  std::uint64_t msg = kNoMsg;
+  std::uint64_t count = 0;
+  std::uint64_t addr = 0;
+  std::int32_t tag = 0;
+  std::uint32_t flags = 0;
+  unsigned char data[kP2pInlineBytes];
+};
+
+struct P2p::Op {
+  bool is_send = false;
+  std::byte* buf = nullptr;  // const for a send
+  std::uint64_t count = 0, bytes = 0;
+  DataType dtype = DataType::uint8;
+  int peer = 0, tag = 0;
+  std::shared_ptr<RequestState> req;  // null for blocking calls
+  bool done = false;
+  std::exception_ptr error;
+  Clock::time_point deadline;
+  // Send: message number once posted; eager = inline (done at posting).
+  std::uint64_t msg = kNoMsg;
+  bool eager = false, streaming = false;
+  std::uint64_t base = 0, slices = 0, nslices = 0;
+  // Recv: the matched header; staged: slices copied out so far.
+  Header hdr;
+  bool activated = false;
+};
+
+struct P2p::PeerState {
+  // As sender to this peer.
+  std::uint64_t next_msg = 0;
+  std::deque<OpPtr> unposted;
+  std::map<std::uint64_t, OpPtr> outstanding;  // posted, not inline, no verdict read yet
+  OpPtr streaming;
+  std::uint64_t staged = 0;         // mirror of channel(me, peer).send.staged
+  std::uint64_t verdicts_read = 0;  // mirror of channel(me, peer).send.verdicts_read
+  std::exception_ptr deferred;      // mismatch of an inline send that had returned
+  // As receiver from this peer.
+  std::uint64_t scanned = 0;  // headers copied (mirror of channel(peer, me).recv.headers_read)
+  std::map<std::uint64_t, Header> unmatched;
+  std::deque<OpPtr> recvs;    // posted, not matched yet
+  std::uint64_t drained = 0;  // mirror of channel(peer, me).recv.drained
+  bool cma_refused = false;   // process_vm_readv from this peer failed once
+  struct PendingVerdict {
+    std::uint64_t word, recv_count;
+    OpPtr op;  // completed once the verdict is published (null: nobody waits)
+    std::exception_ptr error;
+  };
+  std::deque<PendingVerdict> verdicts;  // waiting for a free verdict entry
+  std::uint64_t verdicts_written = 0;   // mirror of channel(peer, me).recv.verdicts
+};
+
+P2p::P2p(Communicator::Impl& c)
+    : c_(c), base_(c.seg->p2p_base()), cma_min_bytes_(64 * 1024), fork_gen_(fork_generation()) {
+  peers_.resize(static_cast<std::size_t>(c.size));
+  if (auto v = env_int("SHMRING_CMA", 0, 1)) cma_ = static_cast<int>(*v);
+  if (auto v = env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
+    cma_min_bytes_ = static_cast<std::size_t>(*v);
+  if (cma_ == 1 && env_string("SHMRING_CMA")) {
+    // Asked for explicitly: let the peers read us even under Yama's
+    // ptrace_scope=1 (any process of this user may then attach to us).
+    std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
+    int scope = 0;
+    if (yama >> scope && scope == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  }
+}
+
+P2p::~P2p() {
+  if (inherited()) {
+    // A forked child: the thread is the parent's. Touch nothing.
+    (void)thread_.release();
+    return;
+  }
+  std::vector<OpPtr> pending_ops;
+  {
+    std::unique_lock lock(mutex_);
+    stop_ = true;
+    auto fail_all = [&](std::deque<OpPtr>& q) {
+      for (auto& op : q) pending_ops.push_back(op);
+    };
+    for (auto& ps : peers_) {
+      fail_all(ps.unposted);
+      fail_all(ps.recvs);
+      for (auto& [m, op] : ps.outstanding)
+        if (!op->done) pending_ops.push_back(op);
+      for (auto& v : ps.verdicts)
+        if (v.op) pending_ops.push_back(v.op);
+    }
+    fail_all(stage_queue_);
+    for (auto& op : pending_ops)
+      if (!op->done)
+        finish(op, std::make_exception_ptr(AbortedError(
+                       fmt::format("rank {}: the communicator was destroyed while {} was pending",
+                                   c_.rank, describe(*op)))));
+    deliver(lock);
+  }
+  cv_.notify_all();
+  ring(c_.rank);  // the progress thread may sleep on our doorbell
+  if (thread_ && thread_->joinable()) thread_->join();
+}
+
+P2pChannel& P2p::channel(int from, int to) {
+  const auto n = static_cast<std::uint64_t>(c_.size);
+  return reinterpret_cast<P2pChannel*>(
+      base_ + p2p_channels_offset(
+                  n))[static_cast<std::uint64_t>(from) * n + static_cast<std::uint64_t>(to)];
+}
+
+P2pInbox& P2p::inbox(int r) {
+  return reinterpret_cast<P2pInbox*>(base_)[r];
+}
+
+std::byte* P2p::stage_slot(int receiver, std::uint64_t slice) {
+  const auto n = static_cast<std::uint64_t>(c_.size);
+  return base_ + p2p_stage_offset(n) +
+         (static_cast<std::uint64_t>(receiver) * kP2pStageSlots + slice % kP2pStageSlots) *
+             kP2pStageBytes;
+}
+
+void P2p::ring(int peer) {
+  Counter& d = inbox(peer).doorbell;
+  d.value.fetch_add(1, std::memory_order_seq_cst);
+  if (d.waiters.load(std::memory_order_seq_cst) != 0) wake(d);
+}
+
+namespace {
+std::string describe_op(bool is_send, std::uint64_t count, DataType dtype, int peer, int tag) {
+  return fmt::format("{}(count={}, {}) {} rank {}, tag {}", is_send ? "send" : "recv", count,
+                     to_string(dtype), is_send ? "to" : "from", peer, tag);
+}
+}  // namespace
+
+std::string P2p::describe(const Op& op) const {
+  return describe_op(op.is_send, op.count, op.dtype, op.peer, op.tag);
+}
+
+void P2p::finish(const OpPtr& op, std::exception_ptr error) {
+  if (op->done) return;
+  op->done = true;
+  op->error = error;
+  // Another thread of ours may be waiting for this operation on our doorbell.
+  if (sleepers_ > 0) ring(c_.rank);
+  if (op->req) {
+    --requests_pending_;
+    completions_.push_back(op);
+  }
+}
+
+void P2p::deliver(std::unique_lock<std::mutex>& lock) {
+  if (completions_.empty()) return;
+  auto list = std::move(completions_);
+  completions_.clear();
+  // Completed without our lock: a callback may call into shmring.
+  lock.unlock();
+  for (auto& op : list) op->req->complete(op->error);
+  lock.lock();
+}
+
+P2p::OpPtr P2p::make_op(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer,
+                        int tag, bool with_request) {
+  auto op = std::make_shared<Op>();
+  op->is_send = is_send;
+  op->buf = static_cast<std::byte*>(const_cast<void*>(buf));
+  op->count = count;
+  op->dtype = dtype;
+  op->bytes = count * datatype_size(dtype);  // checked by the front
+  op->peer = peer;
+  op->tag = tag;
+  if (with_request) {
+    op->req = std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+    // Waiting for the request progresses it on the waiting thread. The
+    // request may outlive us only once complete, and then help is not called.
+    op->req->help = [this, weak = std::weak_ptr<Op>(op)] {
+      if (auto o = weak.lock()) {
+        try {
+          wait(*o);
+        } catch (...) {
+          // The error is in the request; wait_until_done rethrows it.
+        }
+      }
+    };
+  }
+  return op;
+}
+
+void P2p::post(const OpPtr& op) {
+  std::unique_lock lock(mutex_);
+  PeerState& ps = peers_[static_cast<std::size_t>(op->peer)];
+  if (op->is_send) progress_send(op->peer, ps);  // picks up verdicts of inline sends
+  if (op->is_send && ps.deferred) {
+    // An earlier inline send to this peer was refused by its recv.
+    auto e = ps.deferred;
+    ps.deferred = nullptr;
+    std::rethrow_exception(e);
+  }
+  op->deadline = c_.deadline();
+  if (op->req) ++requests_pending_;
+  if (op->is_send) {
+    op->eager = op->bytes <= kP2pInlineBytes;
+    op->nslices = (op->bytes + stage_bytes_ - 1) / stage_bytes_;
+    ps.unposted.push_back(op);
+  } else {
+    ps.recvs.push_back(op);
+  }
+  progress(lock);
+  if (op->req && !op->done) {
+    if (!thread_) start_thread();
+    cv_.notify_all();
+  }
+  deliver(lock);
+}
+
+// ---------------------------------------------------------------------------
+// Sender side.
+
+bool P2p::progress_send(int peer, PeerState& ps) {
+  P2pChannel& ch = channel(c_.rank, peer);
+  bool moved = false, tell = false;
+  // Verdicts the receiver published.
+  const std::uint64_t nv = ch.recv.verdicts.load(std::memory_order_acquire);
+  if (ps.verdicts_read < nv) {
+    for (; ps.verdicts_read < nv; ++ps.verdicts_read) {
+      P2pVerdict& v = ch.verdict[ps.verdicts_read % kP2pVerdicts];
+      const std::uint64_t word = v.word.load(std::memory_order_relaxed);
+      const std::uint64_t m = (word >> 8) - 1;
+      auto it = ps.outstanding.find(m);
+      OpPtr op = it == ps.outstanding.end() ? nullptr : it->second;
+      if (op) ps.outstanding.erase(it);
+      if ((word & 3) == kP2pVerdictMismatch) {
+        const auto rdt = static_cast<DataType>((word >> 2) & 0x3f);
+        const std::uint64_t rcount = v.recv_count.load(std::memory_order_relaxed);
+        const std::string mine =
+            op ? describe(*op) : fmt::format("an earlier buffered send to rank {}", peer);
+        auto err = std::make_exception_ptr(MismatchError(fmt::format(
+            "rank {}: {} (message #{}) does not match rank {}'s recv(count={}, {}) for it", c_.rank,
+            mine, m, peer, rcount, to_string(rdt))));
+        if (op)
+          finish(op, err);
+        else
+          ps.deferred = err;  // an inline send returned already: its next send to peer throws
+      } else if (op) {
+        finish(op, nullptr);
+      }
+    }
+    ch.send.verdicts_read.store(ps.verdicts_read, std::memory_order_release);
+    moved = tell = true;
+  }
+  // Post queued sends while the receiver has read enough headers.
+  const std::uint64_t headers_read = ch.recv.headers_read.load(std::memory_order_acquire);
+  while (!ps.unposted.empty() && ps.next_msg < headers_read + kP2pEntries) {
+    const std::uint64_t m = ps.next_msg;
+    OpPtr op = ps.unposted.front();
+    ps.unposted.pop_front();
+    P2pEntry& e = ch.entry[m % kP2pEntries];
+    std::uint32_t flags = static_cast<std::uint32_t>(op->dtype);
+    if (op->eager) {
+      flags |= kP2pInline;
+      if (op->bytes) std::memcpy(e.inline_data, op->buf, op->bytes);
+    } else if (cma_ && op->bytes >= cma_min_bytes_) {
+      flags |= kP2pCmaOffered;
+    }
+    e.count.store(op->count, std::memory_order_relaxed);
+    e.addr.store(reinterpret_cast<std::uintptr_t>(op->buf), std::memory_order_relaxed);
+    e.tag.store(op->tag, std::memory_order_relaxed);
+    e.flags.store(flags, std::memory_order_relaxed);
+    ch.send.posted.store(m + 1, std::memory_order_release);
+    op->msg = m;
+    op->deadline = c_.deadline();
+    ++ps.next_msg;
+    if (op->eager)
+      finish(op, nullptr);  // buffered: a mismatch comes back as a verdict
+    else
+      ps.outstanding.emplace(m, op);
+    moved = tell = true;
+  }
+  // Stream the message the receiver asked for into its staging slots.
+  if (!ps.streaming) {
+    const std::uint64_t active = ch.recv.active.load(std::memory_order_acquire);
+    if (active != 0) {
+      auto it = ps.outstanding.find(active - 1);
+      if (it != ps.outstanding.end() && !it->second->streaming && !it->second->done) {
+        ps.streaming = it->second;
+        ps.streaming->streaming = true;
+        ps.streaming->base = ps.staged;
+      }
+    }
+  }
+  if (OpPtr op = ps.streaming) {
+    // Each slice is announced at once (a ring per 32 KiB), so that the
+    // receiver copies slice j out while we copy slice j+1 in.
+    while (op->slices < op->nslices &&
+           op->slices <
+               ch.recv.drained.load(std::memory_order_acquire) - op->base + kP2pStageSlots) {
+      const std::uint64_t off = op->slices * stage_bytes_;
+      const std::uint64_t n = std::min<std::uint64_t>(stage_bytes_, op->bytes - off);
+      std::memcpy(stage_slot(peer, op->slices), op->buf + off, n);
+      ++op->slices;
+      ch.send.staged.store(++ps.staged, std::memory_order_release);
+      ring(peer);
+      moved = true;
+    }
+    if (moved) op->deadline = c_.deadline();
+    if (op->slices == op->nslices) ps.streaming = nullptr;
+  }
+  if (tell) ring(peer);
+  return moved;
+}
+
+// ---------------------------------------------------------------------------
+// Receiver side.
+
+namespace {
+// Reads `bytes` at `addr` in process `pid` into `dst`; 0 or an errno.
+int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes) {
+  std::uint64_t done = 0;
+  while (done < bytes) {
+    struct iovec local {
+      dst + done, static_cast<std::size_t>(bytes - done)
+    };
+    struct iovec remote {
+      reinterpret_cast<void*>(addr + done), static_cast<std::size_t>(bytes - done)
+    };
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    done += static_cast<std::uint64_t>(n);
+  }
+  return 0;
+}
+
+// Large single-copy reads are split across this rank's reduction threads
+// (its oneTBB arena, cores / local ranks): one thread's copy rarely uses
+// the memory bandwidth two idle ranks' cores have.
+constexpr std::uint64_t kCmaParallelMinBytes = 4u << 20;
+constexpr std::uint64_t kCmaGrainBytes = 1u << 20;
+
+int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint64_t addr,
+                      std::uint64_t bytes) {
+  if (arena == nullptr || arena->max_concurrency() < 2 || bytes < kCmaParallelMinBytes)
+    return cma_read(pid, dst, addr, bytes);
+  std::atomic<int> error{0};
+  arena->execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::uint64_t>(0, bytes, kCmaGrainBytes),
+        [&](const tbb::blocked_range<std::uint64_t>& r) {
+          if (int e = cma_read(pid, dst + r.begin(), addr + r.begin(), r.size()); e != 0)
+            error.store(e, std::memory_order_relaxed);
+        },
+        tbb::static_partitioner());
+  });
+  return error.load(std::memory_order_relaxed);
+}
+}  // namespace
+
+void P2p::queue_verdict(int peer, const OpPtr& op, std::uint64_t code, bool complete_now,
+                        std::exception_ptr error) {
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  const std::uint64_t word =
+      ((op->hdr.msg + 1) << 8) | (static_cast<std::uint64_t>(op->dtype) << 2) | code;
+  if (complete_now) finish(op, error);
+  ps.verdicts.push_back({word, op->count, complete_now ? nullptr : op, error});
+  flush_verdicts(peer, ps);
+}
+
+bool P2p::flush_verdicts(int peer, PeerState& ps) {
+  if (ps.verdicts.empty()) return false;
+  P2pChannel& ch = channel(peer, c_.rank);
+  const std::uint64_t read = ch.send.verdicts_read.load(std::memory_order_acquire);
+  bool wrote = false;
+  while (!ps.verdicts.empty() && ps.verdicts_written < read + kP2pVerdicts) {
+    auto v = std::move(ps.verdicts.front());
+    ps.verdicts.pop_front();
+    P2pVerdict& e = ch.verdict[ps.verdicts_written % kP2pVerdicts];
+    e.recv_count.store(v.recv_count, std::memory_order_relaxed);
+    e.word.store(v.word, std::memory_order_relaxed);
+    ch.recv.verdicts.store(++ps.verdicts_written, std::memory_order_release);
+    if (v.op) finish(v.op, v.error);
+    wrote = true;
+  }
+  if (wrote) ring(peer);
+  return wrote;
+}
+
+void P2p::deliver_matched(int peer, const OpPtr& op) {
+  const Header& h = op->hdr;
+  const auto sdt = static_cast<DataType>(h.flags & kP2pDtypeMask);
+  const bool inline_msg = (h.flags & kP2pInline) != 0;
+  if (h.count != op->count || sdt != op->dtype) {
+    auto err = std::make_exception_ptr(MismatchError(
+        fmt::format("rank {}: {} does not match rank {}'s send(count={}, {}) (message #{})",
+                    c_.rank, describe(*op), peer, h.count, to_string(sdt), h.msg)));
+    // A buffered sender is not waiting: fail now. Otherwise the sender waits
+    // for the verdict, so this recv ends once the verdict is published.
+    queue_verdict(peer, op, kP2pVerdictMismatch, inline_msg, err);
+    return;
+  }
+  if (inline_msg) {
+    if (op->bytes) std::memcpy(op->buf, h.data, op->bytes);
+    finish(op, nullptr);  // no verdict: the send completed when it was posted
+    return;
+  }
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  if (cma_ && !ps.cma_refused && (h.flags & kP2pCmaOffered)) {
+    const int pid = c_.area(peer).info.pid.load(std::memory_order_relaxed);
+    const int err = cma_read_parallel(c_.arena.get(), pid, op->buf, h.addr, op->bytes);
+    if (err == 0) {
+      queue_verdict(peer, op, kP2pVerdictOk, false, nullptr);
+      return;
+    }
+    if (err == ESRCH) {
+      finish(op,
+             std::make_exception_ptr(PeerFailureError(fmt::format(
+                 "rank {}: rank {} (pid {}) died during {}", c_.rank, peer, pid, describe(*op)))));
+      return;
+    }
+    // EPERM (Yama, seccomp, another user), ENOSYS, or anything else: the
+    // staged path always works.
+    // Per peer: Yama's PR_SET_PTRACER may allow one reader and not another.
+    ps.cma_refused = true;
+    SHMRING_LOG(info,
+                "single-copy reads (process_vm_readv) from rank {} failed: {}; its messages are "
+                "staged through shared memory from now on",
+                peer, std::strerror(err));
+  }
+  op->nslices = (op->bytes + stage_bytes_ - 1) / stage_bytes_;
+  stage_queue_.push_back(op);
+}
+
+bool P2p::progress_recv(int peer, PeerState& ps) {
+  P2pChannel& ch = channel(peer, c_.rank);
+  bool moved = false;
+  const std::uint64_t posted = ch.send.posted.load(std::memory_order_acquire);
+  // The sender can only be waiting for a free entry when all were taken.
+  const bool sender_may_wait = posted >= ps.scanned + kP2pEntries;
+  for (; ps.scanned < posted; ++ps.scanned) {
+    P2pEntry& e = ch.entry[ps.scanned % kP2pEntries];
+    Header h;
+    h.msg = ps.scanned;
+    h.count = e.count.load(std::memory_order_relaxed);
+    h.addr = e.addr.load(std::memory_order_relaxed);
+    h.tag = e.tag.load(std::memory_order_relaxed);
+    h.flags = e.flags.load(std::memory_order_relaxed);
+    if (h.flags & kP2pInline) std::memcpy(h.data, e.inline_data, kP2pInlineBytes);
+    ps.unmatched.emplace(h.msg, h);
+    moved = true;
+  }
+  if (moved) {
+    // The entries are free again: a sender waiting for one may go on.
+    ch.recv.headers_read.store(ps.scanned, std::memory_order_release);
+    if (sender_may_wait) ring(peer);
+  }
+  moved |= flush_verdicts(peer, ps);
+  if (ps.recvs.empty() || ps.unmatched.empty()) return moved;
+  for (auto it = ps.recvs.begin(); it != ps.recvs.end();) {
+    OpPtr op = *it;
+    auto m = std::find_if(ps.unmatched.begin(), ps.unmatched.end(),
+                          [&](const auto& kv) { return kv.second.tag == op->tag; });
+    if (m == ps.unmatched.end()) {
+      ++it;
+      continue;
+    }
+    op->hdr = m->second;
+    ps.unmatched.erase(m);
+    it = ps.recvs.erase(it);
+    op->deadline = c_.deadline();
+    deliver_matched(peer, op);
+    moved = true;
+  }
+  return moved;
+}
+
+bool P2p::progress_staging() {
+  bool moved = false;
+  while (!stage_queue_.empty()) {
+    OpPtr op = stage_queue_.front();
+    if (op->done) {  // failed (dead peer) while waiting for its turn
+      stage_queue_.pop_front();
+      continue;
+    }
+    const int peer = op->peer;
+    PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+    P2pChannel& ch = channel(peer, c_.rank);
+    if (!op->activated) {
+      op->activated = true;
+      stage_base_ = ps.drained;
+      op->slices = 0;
+      ch.recv.active.store(op->hdr.msg + 1, std::memory_order_release);
+      ring(peer);
+      moved = true;
+    }
+    bool took = false;
+    while (op->slices < op->nslices &&
+           ch.send.staged.load(std::memory_order_acquire) > stage_base_ + op->slices) {
+      const std::uint64_t off = op->slices * stage_bytes_;
+      const std::uint64_t n = std::min<std::uint64_t>(stage_bytes_, op->bytes - off);
+      std::memcpy(op->buf + off, stage_slot(c_.rank, op->slices), n);
+      ++op->slices;
+      ch.recv.drained.store(++ps.drained, std::memory_order_release);
+      if (op->slices < op->nslices) ring(peer);  // a slot is free; the verdict rings below
+      took = true;
+    }
+    if (took) {
+      op->deadline = c_.deadline();
+      moved = true;
+    }
+    if (op->slices < op->nslices) break;
+    stage_queue_.pop_front();
+    queue_verdict(peer, op, kP2pVerdictOk, false, nullptr);
+  }
+  return moved;
+}
+
+bool P2p::progress(std::unique_lock<std::mutex>&) {
+  bool moved = false;
+  for (int p = 0; p < c_.size; ++p) {
+    if (p == c_.rank) continue;
+    PeerState& ps = peers_[static_cast<std::size_t>(p)];
+    if (!ps.unposted.empty() || !ps.outstanding.empty()) moved |= progress_send(p, ps);
+    // Always: headers are copied out at once, so that the sender's entries
+    // free up whatever we receive first.
+    moved |= progress_recv(p, ps);
+  }
+  moved |= progress_staging();
+  return moved;
+}
+
+std::size_t P2p::pending() const {
+  std::size_t n = stage_queue_.size();
+  for (const auto& ps : peers_) n += ps.unposted.size() + ps.outstanding.size() + ps.recvs.size();
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Faults: abort, dead peers, deadlines.
+
+void P2p::check_pending(std::unique_lock<std::mutex>& lock) {
+  std::vector<OpPtr> ops;
+  for (auto& ps : peers_) {
+    for (auto& op : ps.unposted) ops.push_back(op);
+    for (auto& [m, op] : ps.outstanding)
+      if (!op->done) ops.push_back(op);
+    for (auto& op : ps.recvs) ops.push_back(op);
+    for (auto& v : ps.verdicts)
+      if (v.op && !v.op->done) ops.push_back(v.op);
+  }
+  for (auto& op : stage_queue_) ops.push_back(op);
+  if (ops.empty()) return;
+  if (auto a = read_abort(c_.seg->header())) {
+    for (auto& op : ops)
+      finish(op, std::make_exception_ptr(
+                     AbortedError(fmt::format("rank {}: {} ended: the job was aborted: {}", c_.rank,
+                                              describe(*op), a->reason))));
+    drop_finished();
+    return;
+  }
+  const auto now = Clock::now();
+  bool any_dead = false;
+  for (auto& op : ops)
+    if (!c_.seg->rank_alive(op->peer)) any_dead = true;
+  if (any_dead) progress(lock);  // a peer may have published its last words and left
+  for (auto& op : ops) {
+    if (op->done) continue;
+    if (!c_.seg->rank_alive(op->peer)) {
+      const bool clean =
+          c_.area(op->peer).info.state.load(std::memory_order_acquire) == kRankFinalized;
+      finish(op, std::make_exception_ptr(PeerFailureError(fmt::format(
+                     "rank {}: rank {} (pid {}) {} while rank {} waited in {}", c_.rank, op->peer,
+                     c_.area(op->peer).info.pid.load(),
+                     clean ? "destroyed its communicator" : "died", c_.rank, describe(*op)))));
+    } else if (now >= op->deadline) {
+      finish(op, std::make_exception_ptr(TimeoutError(fmt::format(
+                     "rank {}: timed out after {} s in {}: rank {} {} (SHMRING_TIMEOUT sets the "
+                     "limit)",
+                     c_.rank, c_.config.timeout_s, describe(*op), op->peer,
+                     op->is_send ? "did not take the message" : "sent no matching message"))));
+    }
+  }
+  drop_finished();
+}
+
+void P2p::drop_finished() {
+  // Failed operations leave the queues. A failed send that was posted keeps
+  // its message number (the receiver may still match it: then its verdict
+  // lands in an entry nobody reads, and the entry is not reused).
+  for (auto& ps : peers_) {
+    std::erase_if(ps.unposted, [](const OpPtr& o) { return o->done; });
+    std::erase_if(ps.recvs, [](const OpPtr& o) { return o->done; });
+    if (ps.streaming && ps.streaming->done) ps.streaming = nullptr;
+  }
+  std::erase_if(stage_queue_, [](const OpPtr& o) { return o->done; });
+}
+
+// ---------------------------------------------------------------------------
+// Waiting.
+
+void P2p::wait_doorbell(std::uint64_t seen, int peer, bool progress_thread) {
+  WaitPolicy policy = c_.wait_policy;
+  if (progress_thread) {
+    // A helper thread must not hold a core a rank needs.
+    policy.spin_ns = 0;
+    policy.yield_ns = std::min<std::int64_t>(policy.yield_ns, 200'000);
+  } else if (c_.config.oversubscribed ||
+             (peer >= 0 &&
+              c_.area(peer).info.cpu.load(std::memory_order_relaxed) == current_cpu())) {
+    policy.spin_ns = 0;  // spinning would only delay the peer on our CPU
+  }
+  try {
+    wait_at_least(inbox(c_.rank).doorbell, seen + 1, policy, [] { throw SliceOver{}; });
+  } catch (const SliceOver&) {
+  }
+}
+
+void P2p::wait(Op& op) {
+  std::unique_lock lock(mutex_);
+  auto last_check = Clock::now();
+  while (!op.done) {
+    const std::uint64_t seen = inbox(c_.rank).doorbell.value.load(std::memory_order_acquire);
+    progress(lock);
+    if (!op.done && Clock::now() - last_check > std::chrono::milliseconds(10)) {
+      check_pending(lock);
+      last_check = Clock::now();
+    }
+    deliver(lock);
+    if (op.done) break;
+    ++sleepers_;
+    lock.unlock();
+    wait_doorbell(seen, op.peer, false);
+    lock.lock();
+    --sleepers_;
+  }
+  if (op.error) std::rethrow_exception(op.error);
+}
+
+void P2p::start_thread() {
+  thread_ = std::make_unique<std::thread>([this] { loop(); });
+}
+
+void P2p::loop() {
+  pthread_setname_np(pthread_self(), "shmring-p2p");
+  std::unique_lock lock(mutex_);
+  auto last_check = Clock::now();
+  while (!stop_) {
+    if (requests_pending_ == 0) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100),
+                   [&] { return stop_ || requests_pending_ > 0; });
+      continue;
+    }
+    const std::uint64_t seen = inbox(c_.rank).doorbell.value.load(std::memory_order_acquire);
+    progress(lock);
+    if (Clock::now() - last_check > std::chrono::milliseconds(10)) {
+      check_pending(lock);
+      last_check = Clock::now();
+    }
+    deliver(lock);
+    if (requests_pending_ == 0 || stop_) continue;
+    ++sleepers_;
+    lock.unlock();
+    wait_doorbell(seen, -1, true);
+    lock.lock();
+    --sleepers_;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Front: blocking and non-blocking calls.
+
+void P2p::send(const void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  auto op = make_op(true, buf, count, dtype, peer, tag, false);
+  post(op);
+  wait(*op);
+}
+
+void P2p::recv(void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  auto op = make_op(false, buf, count, dtype, peer, tag, false);
+  post(op);
+  wait(*op);
+}
+
+Request P2p::isend(const void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  auto op = make_op(true, buf, count, dtype, peer, tag, true);
+  post(op);
+  return Request(op->req);
+}
+
+Request P2p::irecv(void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  auto op = make_op(false, buf, count, dtype, peer, tag, true);
+  post(op);
+  return Request(op->req);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// Communicator's point-to-point calls: argument checks, then the P2p engine.
+
+namespace {
+
+detail::P2p& checked_p2p(Communicator::Impl& c, bool is_send, const void* buf, std::size_t count,
+                         DataType dtype, int peer, int tag) {
+  c.check_owner();
+  // Formatted only for an error: this runs on every message, however small.
+  auto what = [&] {
+    return fmt::format("{}(count={}, peer={}, tag={})", is_send ? "send" : "recv", count, peer,
+                       tag);
+  };
+  if (static_cast<unsigned>(dtype) >= static_cast<unsigned>(kNumDataTypes))
+    throw InvalidArgumentError(fmt::format("rank {}: {}: datatype {} is not a DataType (0..{})",
+                                           c.rank, what(), static_cast<int>(dtype),
+                                           kNumDataTypes - 1));
+  if (peer < 0 || peer >= c.size || peer == c.rank)
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: peer {} is not another rank of this communicator (0..{}, not {})",
+                    c.rank, what(), peer, c.size - 1, c.rank));
+  if (tag < 0)
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: tag {} is negative (tags are >= 0)", c.rank, what(), tag));
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, datatype_size(dtype), &bytes) ||
+      bytes > (std::numeric_limits<std::size_t>::max() >> 2))
+    throw InvalidArgumentError(fmt::format("rank {}: {}: count {} of {} overflows", c.rank, what(),
+                                           count, to_string(dtype)));
+  if (bytes > 0 && buf == nullptr)
+    throw InvalidArgumentError(
+        fmt::format("rank {}: {}: buffer is null but holds {} bytes", c.rank, what(), bytes));
+  std::call_once(c.p2p_once, [&] { c.p2p = std::make_shared<detail::P2p>(c); });
+  if (c.p2p->inherited())
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: this communicator used send/recv in its parent process; a forked child (pid "
+        "{}) cannot use it",
+        c.rank, getpid()));
+  return *c.p2p;
+}
+
+}  // namespace
+
+void Communicator::send(const void* buffer, std::size_t count, DataType dtype, int peer, int tag) {
+  checked_p2p(*impl_, true, buffer, count, dtype, peer, tag).send(buffer, count, dtype, peer, tag);
+}
+
+void Communicator::recv(void* buffer, std::size_t count, DataType dtype, int peer, int tag) {
+  checked_p2p(*impl_, false, buffer, count, dtype, peer, tag).recv(buffer, count, dtype, peer, tag);
+}
+
+Request Communicator::isend(const void* buffer, std::size_t count, DataType dtype, int peer,
+                            int tag) {
+  return checked_p2p(*impl_, true, buffer, count, dtype, peer, tag)
+      .isend(buffer, count, dtype, peer, tag);
+}
+
+Request Communicator::irecv(void* buffer, std::size_t count, DataType dtype, int peer, int tag) {
+  return checked_p2p(*impl_, false, buffer, count, dtype, peer, tag)
+      .irecv(buffer, count, dtype, peer, tag);
+}
+
+}  // namespace shmring

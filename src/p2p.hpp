@@ -1,0 +1,116 @@
+#pragma once
+
+// Point-to-point send/recv: the engine that moves messages between two
+// ranks, independently of the collectives' call order (protocol: p2p.cpp).
+//
+// Threads: every operation runs under one mutex per communicator. A blocking
+// send/recv progresses everything pending on the calling thread until its
+// own message is done; requests (isend/irecv) are progressed by whoever
+// waits, and by a progress thread of their own (started on the first request
+// that does not complete at once), so that a request completes while its
+// owner sits in a collective or elsewhere.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm_impl.hpp"
+#include "request.hpp"
+
+namespace shmring::detail {
+
+class P2p {
+ public:
+  explicit P2p(Communicator::Impl& c);
+  /// Fails every pending operation (AbortedError), stops the progress thread.
+  ~P2p();
+  P2p(const P2p&) = delete;
+  P2p& operator=(const P2p&) = delete;
+
+  /// Blocking forms: return when the message is sent (buffered, or taken by
+  /// the receiver) or received; throw its error.
+  void send(const void* buf, std::size_t count, DataType dtype, int peer, int tag);
+  void recv(void* buf, std::size_t count, DataType dtype, int peer, int tag);
+  Request isend(const void* buf, std::size_t count, DataType dtype, int peer, int tag);
+  Request irecv(void* buf, std::size_t count, DataType dtype, int peer, int tag);
+
+  /// True in a child forked after this object was made.
+  bool inherited() const { return fork_gen_ != fork_generation(); }
+
+ private:
+  struct Op;
+  struct Header;
+  struct PeerState;
+  using OpPtr = std::shared_ptr<Op>;
+
+  OpPtr make_op(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, int tag,
+                bool with_request);
+  /// Queues `op` and progresses once (it may complete at once).
+  void post(const OpPtr& op);
+  /// Progresses until `op` is done, then rethrows its error.
+  void wait(Op& op);
+  /// Runs every pending operation as far as it goes without waiting;
+  /// `lock` (on mutex_) is held. Returns true when something moved.
+  bool progress(std::unique_lock<std::mutex>& lock);
+  bool progress_send(int peer, PeerState& ps);
+  bool progress_recv(int peer, PeerState& ps);
+  bool progress_staging();
+  /// A recv matched its message: mismatch, inline, single copy, or queued
+  /// for the staging slots.
+  void deliver_matched(int peer, const OpPtr& op);
+  /// Publishes the verdict on `op`'s message (queued while the sender has
+  /// not read kP2pVerdicts earlier ones). `op` completes with `error` now
+  /// (complete_now) or once the verdict is published.
+  void queue_verdict(int peer, const OpPtr& op, std::uint64_t code, bool complete_now,
+                     std::exception_ptr error);
+  bool flush_verdicts(int peer, PeerState& ps);
+  /// Abort, liveness and deadline checks of the pending operations (slow path).
+  void check_pending(std::unique_lock<std::mutex>& lock);
+  void drop_finished();
+  /// Marks `op` done; its request is completed by deliver().
+  void finish(const OpPtr& op, std::exception_ptr error);
+  /// Completes the requests finished so far, with `lock` released.
+  void deliver(std::unique_lock<std::mutex>& lock);
+  void ring(int peer);
+  /// Waits for our doorbell to pass `seen` (bounded by one sleep slice).
+  void wait_doorbell(std::uint64_t seen, int peer, bool progress_thread);
+  void start_thread();
+  void loop();
+  std::size_t pending() const;
+
+  P2pInbox& inbox(int r);
+  P2pChannel& channel(int from, int to);
+  std::byte* stage_slot(int receiver, std::uint64_t slice);
+  std::string describe(const Op& op) const;
+
+  Communicator::Impl& c_;
+  std::byte* base_;
+  std::size_t stage_bytes_ = kP2pStageBytes;
+  int cma_ = 1;  // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
+  std::size_t cma_min_bytes_;
+  const unsigned fork_gen_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;  // the progress thread sleeps here when nothing is pending
+  std::vector<PeerState> peers_;
+  // Messages taking turns in this rank's staging slots (receiver side):
+  // the recv whose message streams now, then those waiting.
+  std::deque<OpPtr> stage_queue_;
+  std::uint64_t stage_base_ = 0;  // channel(sender, me).recv.drained at activation
+  bool stop_ = false;
+  int sleepers_ = 0;  // threads between unlock and re-lock around a doorbell wait
+  std::size_t requests_pending_ = 0;
+  std::vector<OpPtr> completions_;  // finished requests not yet delivered
+  std::unique_ptr<std::thread> thread_;
+};
+
+}  // namespace shmring::detail

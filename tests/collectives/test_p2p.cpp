@@ -1,0 +1,490 @@
+// Point-to-point send/recv (p2p.cpp): rings, pairs both ways at once, tags
+// interleaved and overtaking, 100k small messages, counts 0 / 1 / 2^20+3
+// on every path (inline, staged, single copy), isend/irecv posted in any
+// order around collectives, mismatches failing both ranks, bad arguments,
+// a dead peer, and the same results with single-copy reads turned off.
+// Values are distinct per (sender, receiver, tag, index).
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+
+#include <sys/uio.h>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.hpp"
+
+using namespace shmring;
+
+namespace {
+
+std::int64_t value(int from, int to, int tag, std::size_t i) {
+  return static_cast<std::int64_t>(from) * 1000003 + to * 10007 + tag * 131 +
+         static_cast<std::int64_t>(i) * 7 - 500;
+}
+
+std::vector<std::int64_t> message(int from, int to, int tag, std::size_t count) {
+  std::vector<std::int64_t> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = value(from, to, tag, i);
+  return v;
+}
+
+void expect(const std::vector<std::int64_t>& got, int from, int to, int tag) {
+  for (std::size_t i = 0; i < got.size(); ++i)
+    SHMRING_CHILD_CHECK(got[i] == value(from, to, tag, i),
+                        "message %d->%d tag %d: [%zu] = %lld, want %lld", from, to, tag, i,
+                        static_cast<long long>(got[i]),
+                        static_cast<long long>(value(from, to, tag, i)));
+}
+
+template <class E, class F>
+bool throws_as(F&& f, std::string* what = nullptr) {
+  try {
+    f();
+  } catch (const E& e) {
+    if (what) *what = e.what();
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "unexpected exception: %s\n", e.what());
+    return false;
+  }
+  return false;
+}
+
+// Counts that take every path: inline (<= 24 B), staged (< 64 KiB), single
+// copy or staged in many slices (2^20+3 int64 = 8 MiB + 24 B).
+const std::size_t kCounts[] = {0, 1, 3, 4, 100, 4096, 8195, (1u << 20) + 3};
+
+void ring_exchange(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  for (std::size_t count : kCounts) {
+    auto out = message(r, right, 5, count);
+    std::vector<std::int64_t> in(count, -1);
+    // Even ranks send first, odd ranks receive first: a blocking ring.
+    if (r % 2 == 0) {
+      comm.send(out.data(), count, DataType::int64, right, 5);
+      comm.recv(in.data(), count, DataType::int64, left, 5);
+    } else {
+      comm.recv(in.data(), count, DataType::int64, left, 5);
+      comm.send(out.data(), count, DataType::int64, right, 5);
+    }
+    expect(in, left, r, 5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("blocking send/recv around a ring, N=2, 3, 5, every path") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    // An odd ring needs the last even rank to receive first; use isend then.
+    CHECK(test::all_zero(test::run_ranks(n, [](Communicator& comm) {
+      const int n = comm.size(), r = comm.rank();
+      if (n % 2 == 0) {
+        ring_exchange(comm);
+        return;
+      }
+      const int right = (r + 1) % n, left = (r + n - 1) % n;
+      for (std::size_t count : kCounts) {
+        auto out = message(r, right, 5, count);
+        std::vector<std::int64_t> in(count, -1);
+        Request s = comm.isend(out.data(), count, DataType::int64, right, 5);
+        comm.recv(in.data(), count, DataType::int64, left, 5);
+        s.wait();
+        expect(in, left, r, 5);
+      }
+    })));
+  }
+}
+
+TEST_CASE("the same with single-copy reads off (SHMRING_CMA=0): staged slices only") {
+  setenv("SHMRING_CMA", "0", 1);
+  CHECK(test::all_zero(test::run_ranks(2, ring_exchange)));
+  unsetenv("SHMRING_CMA");
+}
+
+namespace {
+// Makes process_vm_readv fail with EPERM in this process, as a container's
+// seccomp profile or Yama would.
+bool forbid_process_vm_readv() {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])),
+                            filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+}  // namespace
+
+TEST_CASE("single-copy reads refused by the kernel (seccomp EPERM): staged instead, same data") {
+  CHECK(test::all_zero(test::run_processes(2, [](int r) {
+    SHMRING_CHILD_CHECK(forbid_process_vm_readv(), "seccomp filter: %s", std::strerror(errno));
+    std::int64_t probe = 0;
+    struct iovec l {
+      &probe, 8
+    }, rm{&probe, 8};
+    SHMRING_CHILD_CHECK(process_vm_readv(getppid(), &l, 1, &rm, 1, 0) < 0 && errno == EPERM,
+                        "the filter does not refuse process_vm_readv");
+    (void)r;
+  })));
+  // The communicator part: both ranks filtered, every size.
+  const std::string job = test::unique_job_id("p2p-nocma");
+  CHECK(test::all_zero(test::run_processes(2, [&](int r) {
+    SHMRING_CHILD_CHECK(forbid_process_vm_readv(), "seccomp filter: %s", std::strerror(errno));
+    Options o;
+    o.rank = r;
+    o.world_size = 2;
+    o.job_id = job;
+    Communicator comm(o);
+    ring_exchange(comm);
+  })));
+}
+
+TEST_CASE("pairs send to each other at once, both directions, blocking sends buffered when small") {
+  CHECK(test::all_zero(test::run_ranks(4, [](Communicator& comm) {
+    const int r = comm.rank(), p = r ^ 1;
+    // Small: both send first (the inline path buffers), then both receive.
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+      auto out = message(r, p, 1, count);
+      std::vector<std::int64_t> in(count, -1);
+      comm.send(out.data(), count, DataType::int64, p, 1);
+      comm.recv(in.data(), count, DataType::int64, p, 1);
+      expect(in, p, r, 1);
+    }
+    // Any size: isend + recv on both sides at once.
+    for (std::size_t count : kCounts) {
+      auto out = message(r, p, 2, count);
+      std::vector<std::int64_t> in(count, -1);
+      Request s = comm.isend(out.data(), count, DataType::int64, p, 2);
+      comm.recv(in.data(), count, DataType::int64, p, 2);
+      s.wait();
+      expect(in, p, r, 2);
+    }
+  })));
+}
+
+namespace {
+// Sender isends 3 messages on each of 6 tags (inline, staged and single-copy
+// sizes); the receiver takes the tags in reverse order.
+void tags_interleaved(Communicator& comm) {
+  const int r = comm.rank(), p = 1 - r;
+  constexpr int kTags = 6, kPerTag = 3;
+  // Sizes mix inline, staged and single-copy messages.
+  auto count_of = [](int tag, int k) {
+    const std::size_t c[] = {2, 900, 20000, 3, 70000, 1};
+    return c[(tag + k) % 6];
+  };
+  if (r == 0) {
+    std::vector<std::vector<std::int64_t>> bufs;
+    std::vector<Request> reqs;
+    for (int k = 0; k < kPerTag; ++k)
+      for (int t = 0; t < kTags; ++t) {
+        bufs.push_back(message(r, p, t * 10 + k, count_of(t, k)));
+        reqs.push_back(comm.isend(bufs.back().data(), bufs.back().size(), DataType::int64, p, t));
+      }
+    for (auto& q : reqs) q.wait();
+  } else {
+    // Receive tags in reverse order; within a tag, in order.
+    for (int t = kTags - 1; t >= 0; --t)
+      for (int k = 0; k < kPerTag; ++k) {
+        std::vector<std::int64_t> in(count_of(t, k), -1);
+        comm.recv(in.data(), in.size(), DataType::int64, p, t);
+        expect(in, p, r, t * 10 + k);
+      }
+  }
+}
+}  // namespace
+
+TEST_CASE("tags interleaved: later tags overtake earlier ones, order kept per tag") {
+  CHECK(test::all_zero(test::run_ranks(2, tags_interleaved)));
+}
+
+TEST_CASE("tags interleaved with single-copy reads off: staged messages taken out of order") {
+  setenv("SHMRING_CMA", "0", 1);
+  CHECK(test::all_zero(test::run_ranks(2, tags_interleaved)));
+  unsetenv("SHMRING_CMA");
+}
+
+TEST_CASE("100k small messages ping-ponged between a pair, in order") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank(), p = 1 - r;
+    constexpr int kMsgs = 100000;
+    for (int i = 0; i < kMsgs; ++i) {
+      std::int64_t out = value(r, p, 0, static_cast<std::size_t>(i)), in = -1;
+      if (r == 0) {
+        comm.send(&out, 1, DataType::int64, p, 0);
+        comm.recv(&in, 1, DataType::int64, p, 0);
+      } else {
+        comm.recv(&in, 1, DataType::int64, p, 0);
+        comm.send(&out, 1, DataType::int64, p, 0);
+      }
+      SHMRING_CHILD_CHECK(in == value(p, r, 0, static_cast<std::size_t>(i)), "msg %d: %lld", i,
+                          static_cast<long long>(in));
+    }
+  })));
+}
+
+TEST_CASE("isend/irecv posted in any order around collectives never deadlock (N=3)") {
+  CHECK(test::all_zero(test::run_ranks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    for (std::size_t count : {std::size_t{1}, std::size_t{5000}, std::size_t{300000}}) {
+      auto out = message(r, right, 3, count);
+      std::vector<std::int64_t> in(count, -1);
+      std::vector<std::int64_t> ar(1000, r + 1);
+      Request a, b;
+      // Rank-dependent order: irecv first on some ranks, isend first on others.
+      if (r % 2 == 0) {
+        a = comm.irecv(in.data(), count, DataType::int64, left, 3);
+        b = comm.isend(out.data(), count, DataType::int64, right, 3);
+      } else {
+        b = comm.isend(out.data(), count, DataType::int64, right, 3);
+      }
+      // A blocking collective and a non-blocking one in between.
+      comm.allreduce(ar.data(), ar.data(), ar.size(), DataType::int64, ReduceOp::sum);
+      Request c = comm.ibarrier();
+      if (r % 2 == 1) a = comm.irecv(in.data(), count, DataType::int64, left, 3);
+      // Waited in opposite orders too.
+      if (r == 0) {
+        a.wait();
+        c.wait();
+        b.wait();
+      } else {
+        c.wait();
+        b.wait();
+        a.wait();
+      }
+      expect(in, left, r, 3);
+      for (auto v : ar) SHMRING_CHILD_CHECK(v == 6, "allreduce %lld", static_cast<long long>(v));
+    }
+    // The sender is in a blocking collective while its peer receives first:
+    // the progress thread moves the isend's slices.
+    std::size_t count = 200000;
+    auto out = message(r, right, 4, count);
+    std::vector<std::int64_t> in(count, -1);
+    Request s = comm.isend(out.data(), count, DataType::int64, right, 4);
+    comm.recv(in.data(), count, DataType::int64, left, 4);
+    comm.barrier();
+    s.wait();
+    expect(in, left, r, 4);
+  })));
+}
+
+TEST_CASE("batch_isend_irecv pattern: every rank isends then irecvs both neighbours, N=3") {
+  CHECK(test::all_zero(test::run_ranks(3, [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    for (std::size_t count : {std::size_t{2}, std::size_t{70000}}) {
+      auto to_r = message(r, right, 0, count), to_l = message(r, left, 0, count);
+      std::vector<std::int64_t> from_l(count, -1), from_r(count, -1);
+      std::vector<Request> reqs;
+      reqs.push_back(comm.isend(to_r.data(), count, DataType::int64, right, 0));
+      reqs.push_back(comm.isend(to_l.data(), count, DataType::int64, left, 0));
+      reqs.push_back(comm.irecv(from_l.data(), count, DataType::int64, left, 0));
+      reqs.push_back(comm.irecv(from_r.data(), count, DataType::int64, right, 0));
+      for (auto& q : reqs) q.wait();
+      expect(from_l, left, r, 0);
+      expect(from_r, right, r, 0);
+    }
+  })));
+}
+
+TEST_CASE("count or datatype mismatch is MismatchError on both ranks, naming both values") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank(), p = 1 - r;
+    // Staged (800 B) and single-copy (800 KiB) sends: the sender learns it in its send.
+    for (std::size_t count : {std::size_t{100}, std::size_t{100000}}) {
+      std::vector<std::int64_t> buf(count + 1, 7);
+      std::string what;
+      if (r == 0) {
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>([&] { comm.send(buf.data(), count, DataType::int64, p, 9); },
+                                     &what),
+            "count mismatch: sender did not throw");
+      } else {
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>(
+                [&] { comm.recv(buf.data(), count + 1, DataType::int64, p, 9); }, &what),
+            "count mismatch: receiver did not throw");
+      }
+      SHMRING_CHILD_CHECK(what.find(std::to_string(count)) != std::string::npos &&
+                              what.find(std::to_string(count + 1)) != std::string::npos,
+                          "message lacks both counts: %s", what.c_str());
+      // Datatype: float64 against int64.
+      if (r == 0) {
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>([&] { comm.send(buf.data(), count, DataType::float64, p, 9); },
+                                     &what),
+            "dtype mismatch: sender did not throw");
+      } else {
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>([&] { comm.recv(buf.data(), count, DataType::int64, p, 9); },
+                                     &what),
+            "dtype mismatch: receiver did not throw");
+      }
+      SHMRING_CHILD_CHECK(
+          what.find("float64") != std::string::npos && what.find("int64") != std::string::npos,
+          "message lacks both datatypes: %s", what.c_str());
+    }
+    // An inline send has returned before the receiver saw it: the sender's
+    // next send to that peer throws.
+    std::int64_t x = 1, y[2] = {0, 0};
+    if (r == 0) {
+      comm.send(&x, 1, DataType::int64, p, 1);
+      comm.recv(y, 1, DataType::int64, p, 2);  // rank 1 replies after its failure
+      SHMRING_CHILD_CHECK(
+          throws_as<MismatchError>([&] { comm.send(&x, 1, DataType::int64, p, 1); }),
+          "inline mismatch never reached the sender");
+    } else {
+      SHMRING_CHILD_CHECK(throws_as<MismatchError>([&] { comm.recv(y, 2, DataType::int64, p, 1); }),
+                          "inline mismatch: receiver did not throw");
+      comm.send(&x, 1, DataType::int64, p, 2);
+    }
+    // The pair still works afterwards.
+    auto out = message(r, p, 3, 5000);
+    std::vector<std::int64_t> in(5000, -1);
+    Request s = comm.isend(out.data(), out.size(), DataType::int64, p, 3);
+    comm.recv(in.data(), in.size(), DataType::int64, p, 3);
+    s.wait();
+    expect(in, p, r, 3);
+  })));
+}
+
+TEST_CASE("bad peer, negative tag, bad datatype, null buffer: InvalidArgumentError") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank();
+    std::int64_t x = 0;
+    std::string what;
+    SHMRING_CHILD_CHECK(
+        throws_as<InvalidArgumentError>([&] { comm.send(&x, 1, DataType::int64, r, 0); }, &what) &&
+            what.find("peer " + std::to_string(r)) != std::string::npos,
+        "self: %s", what.c_str());
+    SHMRING_CHILD_CHECK(
+        throws_as<InvalidArgumentError>([&] { comm.recv(&x, 1, DataType::int64, 2, 0); }, &what) &&
+            what.find("peer 2") != std::string::npos,
+        "out of range: %s", what.c_str());
+    SHMRING_CHILD_CHECK(
+        throws_as<InvalidArgumentError>([&] { comm.isend(&x, 1, DataType::int64, -1, 0); }),
+        "negative peer");
+    SHMRING_CHILD_CHECK(throws_as<InvalidArgumentError>(
+                            [&] { comm.irecv(&x, 1, DataType::int64, 1 - r, -3); }, &what) &&
+                            what.find("tag -3") != std::string::npos,
+                        "tag: %s", what.c_str());
+    SHMRING_CHILD_CHECK(throws_as<InvalidArgumentError>(
+                            [&] { comm.send(&x, 1, static_cast<DataType>(99), 1 - r, 0); }),
+                        "dtype");
+    SHMRING_CHILD_CHECK(
+        throws_as<InvalidArgumentError>([&] { comm.send(nullptr, 4, DataType::int64, 1 - r, 0); }),
+        "null");
+    // Nothing was sent: the pair works.
+    std::int64_t out = value(r, 1 - r, 0, 0), in = -1;
+    Request s = comm.isend(&out, 1, DataType::int64, 1 - r, 0);
+    comm.recv(&in, 1, DataType::int64, 1 - r, 0);
+    s.wait();
+    SHMRING_CHILD_CHECK(in == value(1 - r, r, 0, 0), "after errors: %lld",
+                        static_cast<long long>(in));
+  })));
+}
+
+TEST_CASE("a dead peer is PeerFailureError for a blocking recv, a pending isend and an irecv") {
+  auto st = test::run_ranks(3, [](Communicator& comm) {
+    const int r = comm.rank();
+    if (r == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      kill(getpid(), SIGKILL);
+    }
+    std::vector<std::int64_t> buf(100000, r);
+    std::string what;
+    if (r == 0) {
+      SHMRING_CHILD_CHECK(throws_as<PeerFailureError>(
+                              [&] { comm.recv(buf.data(), 10, DataType::int64, 2, 0); }, &what),
+                          "blocking recv");
+      SHMRING_CHILD_CHECK(what.find("rank 2") != std::string::npos, "%s", what.c_str());
+    } else {
+      Request s = comm.isend(buf.data(), buf.size(), DataType::int64, 2, 0);
+      std::int64_t y;
+      Request q = comm.irecv(&y, 1, DataType::int64, 2, 0);
+      SHMRING_CHILD_CHECK(throws_as<PeerFailureError>([&] { s.wait(); }), "isend");
+      SHMRING_CHILD_CHECK(throws_as<PeerFailureError>([&] { q.wait(); }), "irecv");
+    }
+    _exit(0);  // rank 2 is gone: skip the teardown
+  });
+  CHECK(st[0] == 0);
+  CHECK(st[1] == 0);
+  CHECK(st[2] == 128 + SIGKILL);
+}
+
+TEST_CASE("a recv with no sender times out within SHMRING_TIMEOUT") {
+  Options o;
+  o.timeout_s = 1.0;
+  auto st = test::run_ranks(
+      2,
+      [](Communicator& comm) {
+        if (comm.rank() == 0) {
+          std::int64_t x;
+          auto t0 = std::chrono::steady_clock::now();
+          SHMRING_CHILD_CHECK(
+              throws_as<TimeoutError>([&] { comm.recv(&x, 1, DataType::int64, 1, 0); }),
+              "no timeout");
+          double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          SHMRING_CHILD_CHECK(s >= 0.9 && s < 30, "took %.2f s", s);
+        }
+        // Rank 1 stays alive (no collective: it would time out too) past rank 0's deadline.
+        if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(4));
+      },
+      120, o);
+  CHECK(test::all_zero(st));
+}
+
+TEST_CASE("two threads of each rank send and receive on one communicator at once") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank(), p = 1 - r;
+    auto worker = [&](int tag) {
+      for (std::size_t count : {std::size_t{1}, std::size_t{3000}, std::size_t{200000}}) {
+        for (int k = 0; k < 20; ++k) {
+          auto out = message(r, p, tag + k, count);
+          std::vector<std::int64_t> in(count, -1);
+          Request s = comm.isend(out.data(), count, DataType::int64, p, tag);
+          comm.recv(in.data(), count, DataType::int64, p, tag);
+          s.wait();
+          expect(in, p, r, tag + k);
+        }
+      }
+    };
+    std::thread a(worker, 100), b(worker, 200);
+    a.join();
+    b.join();
+  })));
+}
+
+TEST_CASE("nothing of these tests is left in /dev/shm") {
+  const std::string mine = "-" + std::to_string(getpid()) + "-";
+  std::string left;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).find(mine) != std::string::npos)
+        left += std::string(e->d_name) + " ";
+    closedir(d);
+  }
+  CHECK_MESSAGE(left.empty(), "left in /dev/shm: " << left);
+}

@@ -1,0 +1,92 @@
+"""One rank of a send/recv test: `p2p_worker.py SCENARIO RANK SIZE JOB_ID`.
+
+Started by test_p2p.py, one process per rank; exits 0 when every check held
+(a failed check raises: non-zero exit, reason on stderr).
+"""
+
+import sys
+
+import numpy as np
+
+import shmring
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def message(src, dst, tag, count, dtype=np.int64):
+    """Distinct per (sender, receiver, tag, index)."""
+    i = np.arange(count, dtype=np.int64)
+    return (src * 1_000_003 + dst * 10_007 + tag * 131 + i * 7).astype(dtype)
+
+
+def scenario_ring(comm):
+    """isend to the right, blocking recv from the left, numpy zero copy, every
+    path (inline, staged, single copy) and several dtypes."""
+    rank, size = comm.rank, comm.size
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for count in [0, 1, 5, 1000, 100_000, (1 << 20) + 3]:
+        for dtype in [np.int64, np.float32, np.uint8]:
+            out = message(rank, right, 1, count, dtype)
+            inb = np.full(count, 0, dtype)
+            req = comm.send(out, right, 1, async_op=True)
+            got = comm.recv(inb, left, 1)
+            req.wait()
+            check(got is inb, "recv returns its buffer")
+            check(np.array_equal(inb, message(left, rank, 1, count, dtype)),
+                  f"ring count {count} {dtype}: wrong data")
+    # irecv first, then a blocking send; the request's result is the buffer.
+    out = message(rank, left, 2, 777)
+    r = comm.recv(np.zeros(777, np.int64), right, 2, async_op=True)
+    comm.send(out, left, 2)
+    r.wait()
+    check(np.array_equal(r.result, message(right, rank, 2, 777)), "irecv result")
+
+
+def scenario_errors(comm):
+    """Argument errors and a dtype mismatch on both ranks (N=2)."""
+    rank, peer = comm.rank, 1 - comm.rank
+    x = np.zeros(100, np.float32)
+    for bad_peer in [rank, 2, -1]:
+        try:
+            comm.send(x, bad_peer)
+            raise AssertionError(f"peer {bad_peer} accepted")
+        except shmring.InvalidArgumentError as e:
+            check(f"rank {rank}" in str(e) and f"peer {bad_peer}" in str(e), str(e))
+    try:
+        comm.recv(x, peer, tag=-1)
+        raise AssertionError("tag -1 accepted")
+    except ValueError as e:  # InvalidArgumentError is a ValueError too
+        check("tag -1" in str(e), str(e))
+    try:
+        comm.recv(np.zeros(3, np.float32)[::2], peer)
+        raise AssertionError("a strided buffer was accepted")
+    except shmring.InvalidArgumentError:
+        pass
+    # float32 against int32: both ranks raise MismatchError naming both.
+    try:
+        if rank == 0:
+            comm.send(np.zeros(100, np.float32), peer, 4)
+        else:
+            comm.recv(np.zeros(100, np.int32), peer, 4)
+        raise AssertionError("mismatch not raised")
+    except shmring.MismatchError as e:
+        check("float32" in str(e) and "int32" in str(e), str(e))
+    # Still usable.
+    out = message(rank, peer, 5, 10)
+    r = comm.send(out, peer, 5, async_op=True)
+    got = comm.recv(np.zeros(10, np.int64), peer, 5)
+    r.wait()
+    check(np.array_equal(got, message(peer, rank, 5, 10)), "after errors")
+
+
+def main():
+    scenario, rank, size, job_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    with shmring.Communicator(rank=rank, size=size, job_id=job_id) as comm:
+        globals()["scenario_" + scenario](comm)
+
+
+if __name__ == "__main__":
+    main()
