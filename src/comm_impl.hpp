@@ -177,6 +177,9 @@ struct Communicator::Impl {
   const detail::LowLatencyLine& wait_low_latency(int peer);
   /// The last collective whose every peer line this rank read (+1; 0: none).
   std::uint64_t low_latency_read = 0;
+  /// Whether this low-latency collective published `announced` yet (it does
+  /// so when a wait leaves its spin phase, or at the end).
+  bool low_latency_announced = false;
   /// Runs `checks`; on InvalidArgumentError publishes an "invalid call"
   /// descriptor (so peers fail instead of waiting), ends the collective and
   /// rethrows.

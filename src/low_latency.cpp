@@ -12,8 +12,12 @@
 //      every peer's line c-1, which a peer writes only after finishing c-2),
 //      so back-to-back small calls never read a peer's `done` counter.
 //      Otherwise wait for the `done` counters as the direct path does.
-//   2. Write descriptor and data into the line, then `seq` (release), then
-//      `announced` (the counter that carries sleepers and slow checks).
+//   2. Write descriptor and data into the line, then `seq` (release). The
+//      `announced` counter (seq_cst: it carries sleepers and slow checks)
+//      follows when a wait of ours leaves its spin phase, or at the end: a
+//      fence right after the line would stall until every peer's polled copy
+//      of it is invalidated. A peer leaves its own spin only after ~5 us
+//      and sleeps only after its yield phase, by which time we announced.
 //   3. For each peer, poll its line until `seq` = c + 1 (acquire): the poll
 //      that succeeds brings descriptor and data with it, one cache-line
 //      transfer per peer (the direct path moves three: announced,
@@ -66,8 +70,14 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
       }
     }
     if (!ready()) {
-      // `announced` is published after the line: once it moves, the line
-      // is visible, or the peer took another path.
+      // Leaving the spin: announce now, so that a peer asleep on our
+      // `announced` wakes, and a peer on another path can check our
+      // descriptor. `announced` is published after the line: once the
+      // peer's moves, its line is visible, or it took another path.
+      if (!low_latency_announced) {
+        announce();
+        low_latency_announced = true;
+      }
       policy.spin_ns = 0;
       std::optional<detail::Clock::time_point> wait_deadline;
       detail::Counter& announced = area(peer).announced;
@@ -105,8 +115,11 @@ detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, st
   line.kind_dtype_op_algorithm.store(pack(d), std::memory_order_relaxed);
   line.root.store(d.root, std::memory_order_relaxed);
   if (bytes > 0) std::memcpy(line.data, data, bytes);
+  // A release store only: no fence waits here for the peers' copies of the
+  // line to be invalidated. `announced` (seq_cst, the sleepers' counter)
+  // follows once we leave a spin or finish (wait_all_lines).
   line.seq.store(c.collectives + 1, std::memory_order_release);
-  c.announce();
+  c.low_latency_announced = false;
   return line;
 }
 
@@ -114,6 +127,7 @@ void wait_all_lines(Communicator::Impl& c) {
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_low_latency(q);
   c.low_latency_read = c.collectives + 1;
+  if (!c.low_latency_announced) c.announce();
 }
 
 }  // namespace
