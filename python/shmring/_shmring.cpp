@@ -711,10 +711,12 @@ std::vector<std::size_t> counts_from(const py::handle& seq, const char* what, co
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size(); ++i) {
     py::object x = s[i];
-    if (!py::isinstance<py::int_>(x) || py::isinstance<py::bool_>(x))
-      throw InvalidArgumentError(fmt::format("{}: {}[{}] must be an int, got {}", what, name, i,
-                                             py::str(x).cast<std::string>()));
-    long long v = x.cast<long long>();
+    // Any integer with __index__ (Python int, numpy integer scalars, e.g.
+    // np.bincount's output); not bool, not float.
+    if (py::isinstance<py::bool_>(x) || !PyIndex_Check(x.ptr()))
+      throw InvalidArgumentError(fmt::format("{}: {}[{}] must be an integer, got {} {}", what, name,
+                                             i, type_name(x), py::repr(x).cast<std::string>()));
+    long long v = py::reinterpret_steal<py::int_>(PyNumber_Index(x.ptr())).cast<long long>();
     if (v < 0)
       throw InvalidArgumentError(fmt::format("{}: {}[{}]={} must be >= 0", what, name, i, v));
     out.push_back(static_cast<std::size_t>(v));

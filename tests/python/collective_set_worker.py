@@ -105,6 +105,12 @@ def scenario_allgatherv(comm):
     out[at:at + rc[rank]] = send
     comm.allgatherv(out[at:at + rc[rank]], out, rc)
     check(np.array_equal(out[:rc[0]], values(0, rc[0], np.float64)), "in place")
+    # Counts computed with numpy (an array of np.int64, numpy scalars in a list).
+    for counts in [np.array(rc), [np.int32(c) for c in rc]]:
+        out = np.full(sum(rc), -1.0)
+        comm.allgatherv(send, out, counts)
+        check(np.array_equal(out[sum(rc[:size - 1]):], values(size - 1, rc[-1], np.float64)),
+              "numpy counts")
 
 
 def scenario_reduce_scatter_v(comm):
@@ -134,6 +140,7 @@ def scenario_errors(comm):
     for bad, needle in [(lambda: comm.allgatherv(a[:1], a, "ab"), "sequence"),
                         (lambda: comm.allgatherv(a[:1], a, [1] * (size + 1)), "entries"),
                         (lambda: comm.allgatherv(a[:1], a, [-1] * size), ">= 0"),
+                        (lambda: comm.allgatherv(a[:1], a, [1.0] * size), "must be an integer"),
                         (lambda: comm.alltoallv(a, [2] * size, a, [2] * size,
                                                 send_displs=[5] * size), "outside")]:
         try:
