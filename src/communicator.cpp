@@ -366,6 +366,7 @@ void Communicator::Impl::check_descriptor(int peer) {
 }
 
 void Communicator::Impl::end() {
+  if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);
