@@ -118,6 +118,14 @@ struct Communicator::Impl {
   /// job aborted) and compares its descriptor with ours: a rank that left a
   /// gather early fails at its next collective at the latest.
   void check_eager_gather();
+  // A root's eager scatter (staged.cpp scatter_eager) whose non-roots it has
+  // not checked: collective + 1 (0: none) and our descriptor of it. The next
+  // collective's begin() checks them before we announce it.
+  std::uint64_t eager_scatter_unchecked = 0;
+  CollectiveDesc eager_scatter_desc{};
+  /// Waits until every rank announced our unchecked eager scatter and
+  /// compares its descriptor with ours.
+  void check_eager_scatter();
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;

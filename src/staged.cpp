@@ -514,7 +514,72 @@ void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::
   c.eager_at[parity] = coll + 1;
 }
 
+// Eager scatter: when a block fits one lane of a direct buffer, the root
+// fills its buffer (lane per reader, as the staged scatter's inline round),
+// announces and returns: its own block never travels. A non-root announces,
+// waits for the root's announcement, checks the root's descriptor (all its
+// data depends on) and copies its lane. The root's buffer is reused through
+// acquire_direct_buffer (every rank finished c-2). The root checks the
+// non-roots' descriptors at the start of its next collective, before it
+// announces that one (check_eager_scatter): a non-root that disagrees with
+// it, or a second rank that thinks itself the root, fails by its next call.
+void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
+                   int root, std::size_t lane) {
+  const int n = c.size, me = c.rank;
+  c.step = 0;
+  if (me == root) {
+    std::byte* buf = c.acquire_direct_buffer();
+    if (bytes > 0)
+      for (int j = 0; j < n; ++j)
+        if (j != root) c.copy(buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
+    c.announce();
+    c.eager_scatter_unchecked = c.collectives + 1;
+    c.eager_scatter_desc = *c.current;
+  } else {
+    c.announce();
+    c.wait_announced(root);
+    if (bytes > 0)
+      c.copy(recv,
+             c.seg->direct(root, c.collectives % detail::kDirectBuffers) +
+                 algo::lane_index(root, me, n) * lane,
+             bytes);
+  }
+}
+
 }  // namespace
+
+void Communicator::Impl::check_eager_scatter() {
+  const std::uint64_t coll = eager_scatter_unchecked - 1;
+  const CollectiveDesc mine = eager_scatter_desc;
+  eager_scatter_unchecked = 0;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    wait_counter(area(q).announced, coll + 1, q, "a rank to start a scatter");
+    auto& desc = area(q).desc[coll % detail::kDescRing];
+    const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+    const CollectiveDesc theirs{
+        static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+        desc.count.load(std::memory_order_relaxed),
+        static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+        ReduceOp::sum,
+        desc.root.load(std::memory_order_relaxed),
+        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
+    if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
+        theirs.dtype == mine.dtype && theirs.root == mine.root &&
+        theirs.algorithm == mine.algorithm)
+      continue;
+    const std::string their_call = torn || seq != coll + 1
+                                       ? std::string("a different collective")
+                                       : fmt::format("collective #{} {}", coll, describe(theirs));
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a scatter "
+        "root does not wait for the others) but rank {} called {}; every rank must call the same "
+        "collectives in the same order with the same count, datatype and root",
+        rank, rank, coll, describe(mine), q, their_call)));
+  }
+}
 
 void Communicator::Impl::check_eager_gather() {
   const std::uint64_t coll = eager_unchecked - 1;
@@ -588,6 +653,10 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
   if (me == root && bytes > 0 && recv != in + root * bytes) c.copy(recv, in + root * bytes, bytes);
   if (n == 1) return;
   Rounds r(c, n - 1);
+  if (bytes <= r.lane_inline()) {
+    scatter_eager(c, in, recv, bytes, root, r.lane_inline());
+    return;
+  }
   run_rounds(
       c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
       [&] { return bytes; },

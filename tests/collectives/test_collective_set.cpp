@@ -409,6 +409,7 @@ TEST_CASE("gather and scatter: roots differ, counts differ") {
       [](Communicator& c) {
         std::vector<float> a(12), b(4);
         c.scatter(a.data(), b.data(), c.rank() == 0 ? 4 : 3, DataType::float32, 0);
+        c.barrier();  // a small scatter's root may return first, as above
       },
       "count=");
 }
@@ -462,7 +463,47 @@ TEST_CASE("small gather: a non-root that left early fails by its next call when 
     }
 }
 
-TEST_CASE("small gathers back to back: non-roots run ahead, buffers are never overwritten early") {
+TEST_CASE("small scatter: a root that left early fails by its next call when roots differ") {
+  // Two ranks each think themselves the root (each returns its own block
+  // at once), or a non-root names a rank that thinks itself the root.
+  for (int next = 0; next < 2; ++next)
+    for (int scenario = 0; scenario < 2; ++scenario) {
+      INFO("next=", next, " scenario=", scenario);
+      auto st = run_ranks(4, [&](Communicator& c) {
+        const int me = c.rank();
+        c.barrier();
+        const int root = scenario == 0 ? (me == 2 ? 2 : 0) : (me == 3 ? 2 : 0);
+        std::vector<float> a(16, static_cast<float>(me)), b(4);
+        int failed_at = 0;
+        std::string what;
+        try {
+          c.scatter(a.data(), b.data(), 4, DataType::float32, root);
+          failed_at = 2;
+          if (next == 0) c.scatter(a.data(), b.data(), 4, DataType::float32, 0);
+          if (next == 1) c.barrier();
+          failed_at = 3;
+        } catch (const MismatchError& e) {
+          what = e.what();
+        } catch (const Error& e) {
+          SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
+        }
+        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: both calls returned", me);
+        SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
+                            "rank %d: '%s' lacks root=", me, what.c_str());
+        bool refused = false;
+        try {
+          c.barrier();
+        } catch (const Error&) {
+          refused = true;
+        }
+        SHMRING_CHILD_CHECK(refused, "rank %d: communicator usable after the mismatch", me);
+      });
+      check_all(st);
+    }
+}
+
+TEST_CASE(
+    "small gathers and scatters back to back: ranks run ahead, buffers never overwritten early") {
   // Fixed and rotating roots, mixed with other small collectives that
   // share the direct buffers: a non-root runs up to two gathers ahead of
   // its root, so a buffer reused too early shows as a wrong value.
@@ -486,7 +527,7 @@ TEST_CASE("small gathers back to back: non-roots run ahead, buffers are never ov
           SHMRING_CHILD_CHECK(y == static_cast<float>(n * (n - 1) / 2 + n * it), "allreduce %d",
                               it);
         }
-        if (it % 41 == 0) {
+        if (it % 3 == 0) {  // scatters back to back too, roots rotating
           std::vector<std::int32_t> s(k, -1), all(k * n);
           for (std::size_t i = 0; i < all.size(); ++i) all[i] = val(me, i + it);
           c.scatter(all.data(), s.data(), k, DataType::int32, (root + 1) % n);
