@@ -603,6 +603,11 @@ void Communicator::Impl::check_eager_gather() {
   if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
       theirs.dtype == mine.dtype && theirs.root == mine.root && theirs.algorithm == mine.algorithm)
     return;
+  if (!torn && seq == coll + 1 && theirs.kind == CollectiveKind::invalid)
+    fail(MismatchError(fmt::format(  // the words check_descriptor uses
+        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
+        "(it refused its arguments; its own error says why)",
+        rank, coll, describe(mine), root)));
   const std::string their_call = torn || seq != coll + 1
                                      ? std::string("a different collective")
                                      : fmt::format("collective #{} {}", coll, describe(theirs));
