@@ -51,6 +51,9 @@
 //                        the direct reduce_scatter, and float16 / bfloat16
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
+// Exception: gather and scatter whose blocks fit round 0 do not run rounds;
+// they go eager (gather_eager, scatter_eager below: only the rank that
+// reads waits, and mismatches surface by the next call at the latest).
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
