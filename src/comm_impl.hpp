@@ -104,6 +104,28 @@ struct Communicator::Impl {
   // done counter every rank must reach before a direct buffer is rewritten:
   // a staged collective c reads both buffers, so it sets c + 1.
   std::uint64_t staged_done_needed = 0;
+  // Small gathers leave early (staged.cpp gather_eager). Per direct buffer
+  // parity: collective + 1 of the last eager gather this rank ran on it (0:
+  // none) and the rank that read our buffer then (-1: we were the root).
+  std::uint64_t eager_at[2] = {0, 0};
+  int eager_reader[2] = {-1, -1};
+  // A non-root's eager gather whose root has not been confirmed yet:
+  // collective + 1 (0: none) and our descriptor of it. The next collective
+  // confirms it before it returns (check_eager_gather).
+  std::uint64_t eager_unchecked = 0;
+  CollectiveDesc eager_desc{};
+  /// Waits until the root of our unchecked eager gather finished it (or the
+  /// job aborted) and compares its descriptor with ours: a rank that left a
+  /// gather early fails at its next collective at the latest.
+  void check_eager_gather();
+  // A root's eager scatter (staged.cpp scatter_eager) whose non-roots it has
+  // not checked: collective + 1 (0: none) and our descriptor of it. The next
+  // collective's begin() checks them before we announce it.
+  std::uint64_t eager_scatter_unchecked = 0;
+  CollectiveDesc eager_scatter_desc{};
+  /// Waits until every rank announced our unchecked eager scatter and
+  /// compares its descriptor with ours.
+  void check_eager_scatter();
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;

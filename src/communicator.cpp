@@ -286,6 +286,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   desc.vhash.store(d.vhash, std::memory_order_relaxed);
   desc.aux.store(d.aux, std::memory_order_relaxed);
   desc.seq.store(collectives + 1, std::memory_order_release);
+  if (eager_scatter_unchecked != 0) check_eager_scatter();
   if (d.algorithm == Algorithm::ring) announce();
 }
 
@@ -366,6 +367,7 @@ void Communicator::Impl::check_descriptor(int peer) {
 }
 
 void Communicator::Impl::end() {
+  if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);

@@ -51,6 +51,9 @@
 //                        the direct reduce_scatter, and float16 / bfloat16
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
+// Exception: gather and scatter whose blocks fit round 0 do not run rounds;
+// they go eager (gather_eager, scatter_eager below: only the rank that
+// reads waits, and mismatches surface by the next call at the latest).
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
@@ -446,6 +449,180 @@ void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const
       });
 }
 
+}  // namespace shmring::algo
+
+namespace shmring {
+
+namespace {
+
+// Eager gather: when a block fits one direct buffer (the inline case of the
+// staged gather), a non-root copies it into direct buffer c mod 2, announces
+// and returns without waiting for anyone; only the root waits, for each
+// announcement, checks each descriptor (a mismatch fails the root and
+// aborts the job) and copies the block. Back-to-back gathers pipeline, as
+// MPI's eager sends do, instead of every rank meeting every other twice per
+// call (with more ranks than cores each meeting costs context switches).
+//
+// Buffer reuse: our buffer c mod 2 was last written in c-2 (or earlier).
+// When c-2 was an eager gather of ours, its only reader was its root: wait
+// until the root finished c-2. As the root of c-2 we wrote nothing and saw
+// every rank announce c-2, so every earlier reader is done. Otherwise (or
+// when a staged collective since needs more) the direct path's rule applies.
+//
+// Mismatches: the root checks every descriptor before it returns data. A
+// non-root returns nothing, so it may leave unchecked; its next collective
+// confirms the gather before returning (check_eager_gather: the root
+// finished it and its descriptor equals ours), so a rank that disagrees
+// fails at its next call at the latest, even when no rank saw itself as
+// the root. Pace: every rank still waits for someone who waited for every
+// rank at least every second collective, far inside the descriptor ring.
+std::byte* eager_buffer(Communicator::Impl& c) {
+  const std::uint64_t coll = c.collectives;
+  const std::size_t parity = coll % detail::kDirectBuffers;
+  if (coll >= detail::kDirectBuffers && c.eager_at[parity] == coll - 1 &&
+      c.staged_done_needed <= coll - 1) {
+    const int reader = c.eager_reader[parity];
+    if (reader >= 0)
+      c.wait_counter(c.area(reader).done, coll - 1, reader, "the root to finish an earlier gather");
+    return c.seg->direct(c.rank, parity);
+  }
+  return c.acquire_direct_buffer();
+}
+
+void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
+                  int root) {
+  const int n = c.size, me = c.rank;
+  const std::uint64_t coll = c.collectives;
+  const std::size_t parity = coll % detail::kDirectBuffers;
+  c.step = 0;
+  if (me != root) {
+    std::byte* buf = eager_buffer(c);
+    if (bytes > 0) c.copy(buf, send, bytes);
+    c.announce();
+    // The previous collective's gather, if it was one of ours: confirmed
+    // after our block is out, so the two overlap.
+    if (c.eager_unchecked != 0) c.check_eager_gather();
+    c.eager_unchecked = coll + 1;
+    c.eager_desc = *c.current;
+    c.eager_reader[parity] = root;
+  } else {
+    c.announce();
+    for (int t = 1; t < n; ++t) {
+      const int w = (me + t) % n;
+      c.wait_announced(w);
+      if (bytes > 0) c.copy(out + w * bytes, c.seg->direct(w, parity), bytes);
+    }
+    c.eager_reader[parity] = -1;
+  }
+  c.eager_at[parity] = coll + 1;
+}
+
+// Eager scatter: when a block fits one lane of a direct buffer, the root
+// fills its buffer (lane per reader, as the staged scatter's inline round),
+// announces and returns: its own block never travels. A non-root announces,
+// waits for the root's announcement, checks the root's descriptor (all its
+// data depends on) and copies its lane. The root's buffer is reused through
+// acquire_direct_buffer (every rank finished c-2). The root checks the
+// non-roots' descriptors at the start of its next collective, before it
+// announces that one (check_eager_scatter): a non-root that disagrees with
+// it, or a second rank that thinks itself the root, fails by its next call.
+void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
+                   int root, std::size_t lane) {
+  const int n = c.size, me = c.rank;
+  c.step = 0;
+  if (me == root) {
+    std::byte* buf = c.acquire_direct_buffer();
+    if (bytes > 0)
+      for (int j = 0; j < n; ++j)
+        if (j != root) c.copy(buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
+    c.announce();
+    c.eager_scatter_unchecked = c.collectives + 1;
+    c.eager_scatter_desc = *c.current;
+  } else {
+    c.announce();
+    c.wait_announced(root);
+    if (bytes > 0)
+      c.copy(recv,
+             c.seg->direct(root, c.collectives % detail::kDirectBuffers) +
+                 algo::lane_index(root, me, n) * lane,
+             bytes);
+  }
+}
+
+}  // namespace
+
+void Communicator::Impl::check_eager_scatter() {
+  const std::uint64_t coll = eager_scatter_unchecked - 1;
+  const CollectiveDesc mine = eager_scatter_desc;
+  eager_scatter_unchecked = 0;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    wait_counter(area(q).announced, coll + 1, q, "a rank to start a scatter");
+    auto& desc = area(q).desc[coll % detail::kDescRing];
+    const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+    const CollectiveDesc theirs{
+        static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+        desc.count.load(std::memory_order_relaxed),
+        static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+        ReduceOp::sum,
+        desc.root.load(std::memory_order_relaxed),
+        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
+    if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
+        theirs.dtype == mine.dtype && theirs.root == mine.root &&
+        theirs.algorithm == mine.algorithm)
+      continue;
+    const std::string their_call = torn || seq != coll + 1
+                                       ? std::string("a different collective")
+                                       : fmt::format("collective #{} {}", coll, describe(theirs));
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a scatter "
+        "root does not wait for the others) but rank {} called {}; every rank must call the same "
+        "collectives in the same order with the same count, datatype and root",
+        rank, rank, coll, describe(mine), q, their_call)));
+  }
+}
+
+void Communicator::Impl::check_eager_gather() {
+  const std::uint64_t coll = eager_unchecked - 1;
+  const CollectiveDesc mine = eager_desc;
+  const int root = mine.root;
+  eager_unchecked = 0;
+  // Its root ends it only after checking every rank's descriptor; a root
+  // that found a mismatch aborts the job, which this wait reports.
+  wait_counter(area(root).done, coll + 1, root, "the root to finish a gather");
+  auto& desc = area(root).desc[coll % detail::kDescRing];
+  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+  const CollectiveDesc theirs{
+      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+      desc.count.load(std::memory_order_relaxed),
+      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+      ReduceOp::sum,
+      desc.root.load(std::memory_order_relaxed),
+      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
+  if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
+      theirs.dtype == mine.dtype && theirs.root == mine.root && theirs.algorithm == mine.algorithm)
+    return;
+  if (!torn && seq == coll + 1 && theirs.kind == CollectiveKind::invalid)
+    fail(MismatchError(fmt::format(  // the words check_descriptor uses
+        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
+        "(it refused its arguments; its own error says why)",
+        rank, coll, describe(mine), root)));
+  const std::string their_call = torn || seq != coll + 1
+                                     ? std::string("a different collective")
+                                     : fmt::format("collective #{} {}", coll, describe(theirs));
+  fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a non-root "
+      "gather rank does not wait for the root) but its root rank {} called {}; every rank must "
+      "call the same collectives in the same order with the same count, datatype and root",
+      rank, rank, coll, describe(mine), root, their_call)));
+}
+
+namespace algo {
+
 void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                    DataType dtype, int root) {
   const int n = c.size, me = c.rank;
@@ -455,6 +632,10 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
     c.copy(out + root * bytes, send, bytes);
   if (n == 1) return;
   Rounds r(c, 1);
+  if (bytes <= r.lane_inline()) {
+    gather_eager(c, send, out, bytes, root);
+    return;
+  }
   run_rounds(
       c, r, me != root, me == root, [root](int q) { return q == root; }, bytes, nullptr,
       [&] { return bytes; },
@@ -480,6 +661,10 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
   if (me == root && bytes > 0 && recv != in + root * bytes) c.copy(recv, in + root * bytes, bytes);
   if (n == 1) return;
   Rounds r(c, n - 1);
+  if (bytes <= r.lane_inline()) {
+    scatter_eager(c, in, recv, bytes, root, r.lane_inline());
+    return;
+  }
   run_rounds(
       c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
       [&] { return bytes; },
@@ -567,4 +752,6 @@ void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv
       });
 }
 
-}  // namespace shmring::algo
+}  // namespace algo
+
+}  // namespace shmring

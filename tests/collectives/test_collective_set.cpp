@@ -398,7 +398,10 @@ TEST_CASE("gather and scatter: roots differ, counts differ") {
       3,
       [](Communicator& c) {
         std::vector<float> a(4), b(12);
+        // A small gather's non-roots may return before the root checks
+        // them; they fail at their next call at the latest.
         c.gather(a.data(), b.data(), 4, DataType::float32, c.rank() == 1 ? 2 : 0);
+        c.barrier();
       },
       "root=");
   expect_mismatch(
@@ -406,8 +409,134 @@ TEST_CASE("gather and scatter: roots differ, counts differ") {
       [](Communicator& c) {
         std::vector<float> a(12), b(4);
         c.scatter(a.data(), b.data(), c.rank() == 0 ? 4 : 3, DataType::float32, 0);
+        c.barrier();  // a small scatter's root may return first, as above
       },
       "count=");
+}
+
+TEST_CASE("small gather: a non-root that left early fails by its next call when roots differ") {
+  // The next call is another small gather (the rank leaves early again), a
+  // barrier, or a big gather (staged rounds). Cases: one rank names another
+  // root (the root catches it); two ranks each name the other (nobody is
+  // the root in its own view: the next call's check catches it).
+  for (int next = 0; next < 3; ++next)
+    for (int scenario = 0; scenario < 2; ++scenario) {
+      INFO("next=", next, " scenario=", scenario);
+      const int n = scenario == 0 ? 4 : 2;
+      auto st = run_ranks(n, [&](Communicator& c) {
+        const int me = c.rank();
+        c.barrier();
+        const int root = scenario == 0 ? (me == 3 ? 1 : 0) : 1 - me;
+        std::vector<float> a(4, static_cast<float>(me)), b(4 * n);
+        int failed_at = 0;
+        std::string what;
+        try {
+          c.gather(a.data(), b.data(), 4, DataType::float32, root);
+          failed_at = 2;
+          if (next == 0) c.gather(a.data(), b.data(), 4, DataType::float32, 0);
+          if (next == 1) c.barrier();
+          if (next == 2) {
+            std::vector<float> big(100000), all(me == 0 ? 100000 * n : 0);
+            c.gather(big.data(), all.data(), 100000, DataType::float32, 0);
+          }
+          failed_at = 3;
+        } catch (const MismatchError& e) {
+          what = e.what();
+        } catch (const Error& e) {
+          SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
+        }
+        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: both calls returned", me);
+        SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
+                            "rank %d: '%s' lacks root=", me, what.c_str());
+        // Whoever checks first fails the first call (the root here in
+        // scenario 0); nobody may use the communicator afterwards.
+        if (scenario == 0 && me == 0) SHMRING_CHILD_CHECK(failed_at == 0, "root returned");
+        bool refused = false;
+        try {
+          c.barrier();
+        } catch (const Error&) {
+          refused = true;
+        }
+        SHMRING_CHILD_CHECK(refused, "rank %d: communicator usable after the mismatch", me);
+      });
+      check_all(st);
+    }
+}
+
+TEST_CASE("small scatter: a root that left early fails by its next call when roots differ") {
+  // Two ranks each think themselves the root (each returns its own block
+  // at once), or a non-root names a rank that thinks itself the root.
+  for (int next = 0; next < 2; ++next)
+    for (int scenario = 0; scenario < 2; ++scenario) {
+      INFO("next=", next, " scenario=", scenario);
+      auto st = run_ranks(4, [&](Communicator& c) {
+        const int me = c.rank();
+        c.barrier();
+        const int root = scenario == 0 ? (me == 2 ? 2 : 0) : (me == 3 ? 2 : 0);
+        std::vector<float> a(16, static_cast<float>(me)), b(4);
+        int failed_at = 0;
+        std::string what;
+        try {
+          c.scatter(a.data(), b.data(), 4, DataType::float32, root);
+          failed_at = 2;
+          if (next == 0) c.scatter(a.data(), b.data(), 4, DataType::float32, 0);
+          if (next == 1) c.barrier();
+          failed_at = 3;
+        } catch (const MismatchError& e) {
+          what = e.what();
+        } catch (const Error& e) {
+          SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
+        }
+        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: both calls returned", me);
+        SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
+                            "rank %d: '%s' lacks root=", me, what.c_str());
+        bool refused = false;
+        try {
+          c.barrier();
+        } catch (const Error&) {
+          refused = true;
+        }
+        SHMRING_CHILD_CHECK(refused, "rank %d: communicator usable after the mismatch", me);
+      });
+      check_all(st);
+    }
+}
+
+TEST_CASE(
+    "small gathers and scatters back to back: ranks run ahead, buffers never overwritten early") {
+  // Fixed and rotating roots, mixed with other small collectives that
+  // share the direct buffers: a non-root runs up to two gathers ahead of
+  // its root, so a buffer reused too early shows as a wrong value.
+  for (int n : {2, 3, 5}) {
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      for (int it = 0; it < 300; ++it) {
+        const int root = (it / 50) % 2 ? it % n : n - 1;
+        const std::size_t k = static_cast<std::size_t>(it % 5 + 1);
+        std::vector<std::int32_t> a(k), g(k * n, -1);
+        for (std::size_t i = 0; i < k; ++i) a[i] = val(me, i + it);
+        c.gather(a.data(), me == root ? g.data() : nullptr, k, DataType::int32, root);
+        if (me == root)
+          for (int j = 0; j < n; ++j)
+            for (std::size_t i = 0; i < k; ++i)
+              SHMRING_CHILD_CHECK(g[j * k + i] == val(j, i + it), "it %d from %d [%zu]", it, j, i);
+        if (it % 37 == 0) {
+          float x = static_cast<float>(me + it), y = 0;
+          c.allreduce(&x, &y, 1, DataType::float32, ReduceOp::sum);
+          SHMRING_CHILD_CHECK(y == static_cast<float>(n * (n - 1) / 2 + n * it), "allreduce %d",
+                              it);
+        }
+        if (it % 3 == 0) {  // scatters back to back too, roots rotating
+          std::vector<std::int32_t> s(k, -1), all(k * n);
+          for (std::size_t i = 0; i < all.size(); ++i) all[i] = val(me, i + it);
+          c.scatter(all.data(), s.data(), k, DataType::int32, (root + 1) % n);
+          for (std::size_t i = 0; i < k; ++i)
+            SHMRING_CHILD_CHECK(s[i] == val((root + 1) % n, me * k + i + it), "scatter %d", it);
+        }
+      }
+    }));
+  }
 }
 
 TEST_CASE("allgatherv and reduce_scatter_v: recv_counts differ (same sum too)") {
