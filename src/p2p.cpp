@@ -24,8 +24,8 @@
 //   2. r polls entry (scanned mod E)'s `seq` directly: the header, and an
 //      inline payload with it, comes in the one line r polls (one line
 //      transfer per small message). r copies the header into its local
-//      list of unmatched messages and
-//      matches its posted recvs in order against that list: the first
+//      list of unmatched messages and matches its posted recvs in order
+//      against that list: the first
 //      unmatched message with the recv's tag. Messages of one (s, r, tag)
 //      arrive in order; other tags may overtake (any number of messages).
 //   3. Count or datatype differ: MismatchError on r, and a mismatch verdict
@@ -91,7 +91,7 @@
 // bump and then R sees S (acquire), or FUTEX_WAIT returns on the changed
 // word or the wake. Either way r never sleeps through a posted header. The
 // sender pays a compiler barrier only; the sleeper pays the IPIs, once per
-// sleep, after >= 200 us of polling. Where membarrier or its registration
+// sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its registration
 // is refused (old kernel, seccomp), s executes a seq_cst fence between S
 // and L instead (the symmetric form of the same argument, as wait.hpp).
 //
