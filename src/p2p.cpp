@@ -19,8 +19,9 @@
 //
 // A message m from s to r:
 //   1. s waits until m < headers_read + E (it re-reads headers_read only
-//      when its last copy says the entries are full), writes header m,
-//      then its `seq` = m+1 (release), and rings r lightly (below).
+//      when its last copy says the entries are full; r publishes it after
+//      every batch of headers and rings s lightly), writes header m, then
+//      its `seq` = m+1 (release), and rings r lightly (below).
 //   2. r polls entry (scanned mod E)'s `seq` directly: the header, and an
 //      inline payload with it, comes in the one line r polls (one line
 //      transfer per small message). r copies the header into its local
@@ -69,7 +70,9 @@
 // Doorbells and lost wake-ups. Verdicts, slices, `active` and freed entries
 // ring r's doorbell in full (ring(): seq_cst fetch_add of `value`, seq_cst
 // load of `waiters`, FUTEX_WAKE when nonzero; the waiter's side is the same
-// as wait.hpp's). A posted header rings lightly (ring_posted()): no store to
+// as wait.hpp's). A posted header, and a headers_read that frees entries
+// for s (the same argument with the roles swapped: a sender waiting for a
+// free entry watches headers_read), ring lightly (ring_light()): no store to
 // the doorbell and no fence on the sender's hot path; s only reads r's
 // `waiters` after its release store of `seq`, and rings in full when r said
 // it is going to sleep (waiters > 0). A waiting r polls the `seq` of the
@@ -91,9 +94,9 @@
 // bump and then R sees S (acquire), or FUTEX_WAIT returns on the changed
 // word or the wake. Either way r never sleeps through a posted header. The
 // sender pays a compiler barrier only; the sleeper pays the IPIs, once per
-// sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its registration
-// is refused (old kernel, seccomp), s executes a seq_cst fence between S
-// and L instead (the symmetric form of the same argument, as wait.hpp).
+// sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its
+// registration is refused (old kernel, seccomp), s executes a seq_cst fence between S and L instead
+// (the symmetric form of the same argument, as wait.hpp).
 //
 // Waits: a blocking caller spins only when its peer does not run on its CPU
 // (and never when oversubscribed), then yields, then sleeps on its doorbell;
@@ -192,8 +195,6 @@ struct P2p::PeerState {
   std::exception_ptr deferred;      // mismatch of an inline send that had returned
   // As receiver from this peer.
   std::uint64_t scanned = 0;  // headers copied (mirror of channel(peer, me).recv.headers_read)
-  std::uint64_t published[kP2pEntries] = {};  // our last E values of headers_read
-  std::uint64_t published_next = 0;
   std::map<std::uint64_t, Header> unmatched;
   std::deque<OpPtr> recvs;    // posted, not matched yet
   std::uint64_t drained = 0;  // mirror of channel(peer, me).recv.drained
@@ -281,8 +282,9 @@ void P2p::ring(int peer) {
   if (d.waiters.load(std::memory_order_seq_cst) != 0) wake(d);
 }
 
-void P2p::ring_posted(int peer) {
-  // After the release store of an entry's `seq` (the header comment's S).
+void P2p::ring_light(int peer) {
+  // After the release store of an entry's `seq` or of headers_read (the
+  // header comment's S).
   if (light_ring_)
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the sleeper's membarrier fences us
   else
@@ -450,7 +452,7 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       ps.outstanding.emplace(m, op);
     moved = true;
   }
-  if (posted && !tell) ring_posted(peer);
+  if (posted && !tell) ring_light(peer);
   // Stream the message the receiver asked for into its staging slots.
   if (!ps.streaming) {
     const std::uint64_t active = ch.recv.active.load(std::memory_order_acquire);
@@ -610,7 +612,6 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
 bool P2p::progress_recv(int peer, PeerState& ps) {
   P2pChannel& ch = channel(peer, c_.rank);
   bool moved = false;
-  const std::uint64_t first = ps.scanned;
   for (;; ++ps.scanned) {
     P2pEntry& e = ch.entry[ps.scanned % kP2pEntries];
     // The sender writes entry m+E only after we publish headers_read > m.
@@ -627,18 +628,11 @@ bool P2p::progress_recv(int peer, PeerState& ps) {
     ps.unmatched.emplace(h.msg, h);
     moved = true;
   }
-  // The sender waits for a free entry only after posting message P+E-1,
-  // P a value of headers_read it read: ring it when this batch took such a
-  // message, P any of our last E publications (older ones are below first).
-  bool sender_may_wait = false;
-  if (moved)
-    for (std::uint64_t p : ps.published)
-      if (p + kP2pEntries > first && p + kP2pEntries <= ps.scanned) sender_may_wait = true;
   if (moved) {
-    ps.published[ps.published_next++ % kP2pEntries] = ps.scanned;
-    // The entries are free again: a sender waiting for one may go on.
+    // The entries are free again. A sender waiting for one watches
+    // headers_read itself (watch_entries), so a light ring is enough.
     ch.headers_read.store(ps.scanned, std::memory_order_release);
-    if (sender_may_wait) ring(peer);
+    ring_light(peer);
   }
   moved |= flush_verdicts(peer, ps);
   if (ps.recvs.empty() || ps.unmatched.empty()) return moved;
@@ -790,6 +784,10 @@ void P2p::watch_entries(std::vector<Watch>& w) {
     if (p == c_.rank) continue;
     const std::uint64_t next = peers_[static_cast<std::size_t>(p)].scanned;
     w.push_back({&channel(p, c_.rank).entry[next % kP2pEntries].seq, next + 1});
+    // A send waiting for a free entry: the receiver's headers_read.
+    const PeerState& ps = peers_[static_cast<std::size_t>(p)];
+    if (!ps.unposted.empty() && ps.next_msg >= ps.headers_read + kP2pEntries)
+      w.push_back({&channel(c_.rank, p).headers_read, ps.next_msg - kP2pEntries + 1});
   }
 }
 
@@ -815,6 +813,14 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
     return false;
   };
   if (ready(std::memory_order_acquire)) return;
+  if (policy.spin_ns > 0) {
+    // A first round before reading the clock: a ping-pong's answer usually
+    // comes within it.
+    for (int i = 0; i < 256; ++i) {
+      cpu_relax();
+      if (ready(std::memory_order_acquire)) return;
+    }
+  }
   const auto start = Clock::now();
   if (policy.spin_ns > 0) {
     for (;;) {

@@ -81,14 +81,16 @@ class P2p {
   /// Completes the requests finished so far, with `lock` released.
   void deliver(std::unique_lock<std::mutex>& lock);
   void ring(int peer);
-  /// After posting a header to `peer`: rings only when `peer` sleeps.
-  void ring_posted(int peer);
+  /// After publishing something `peer` watches while it waits (a header,
+  /// headers_read): rings only when `peer` sleeps.
+  void ring_light(int peer);
   /// A header `seq` to poll while waiting, and the value that means "posted".
   struct Watch {
     const std::atomic<std::uint64_t>* seq;
     std::uint64_t want;
   };
-  /// The next entry of every peer, as far as we scanned (mutex_ held).
+  /// The next entry of every peer, as far as we scanned, and headers_read
+  /// of the peers our sends wait for (mutex_ held).
   void watch_entries(std::vector<Watch>& w);
   /// Waits for our doorbell to pass `seen` or a watched header to be
   /// posted (bounded by one sleep slice).
@@ -106,7 +108,7 @@ class P2p {
   Communicator::Impl& c_;
   std::byte* base_;
   std::size_t stage_bytes_ = kP2pStageBytes;
-  bool light_ring_ = false;  // membarrier registered: ring_posted() needs no fence
+  bool light_ring_ = false;  // membarrier registered: ring_light() needs no fence
   int cma_ = 1;              // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
   std::size_t cma_min_bytes_;
   const unsigned fork_gen_;
