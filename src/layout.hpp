@@ -25,7 +25,8 @@ namespace shmring::detail {
 inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
-inline constexpr std::uint32_t kLayoutVersion = 5;  // 4: low-latency lines; 5: point-to-point region
+inline constexpr std::uint32_t kLayoutVersion =
+    5;  // 4: low-latency lines; 5: point-to-point region
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -173,12 +174,15 @@ struct P2pInbox {
 };
 
 /// Header of message m from s to r: entry m mod kP2pEntries of channel
-/// (s, r), written by s before it publishes posted = m+1.
+/// (s, r). s writes the fields, then `seq` = m+1 (release); r polls `seq`,
+/// so header and inline payload reach r in the one line it polls.
 struct alignas(64) P2pEntry {
+  std::atomic<std::uint64_t> seq;  // m+1 once message m's header is complete
   std::atomic<std::uint64_t> count;
-  std::atomic<std::uint64_t> addr;  // the send buffer in s's address space (single-copy reads)
   std::atomic<std::int32_t> tag;
   std::atomic<std::uint32_t> flags;  // dtype | kP2pInline | kP2pCmaOffered
+  // The payload when kP2pInline; otherwise the send buffer's address in s's
+  // address space (single-copy reads), as a uint64 in the first 8 bytes.
   unsigned char inline_data[kP2pInlineBytes];
 };
 inline constexpr std::uint32_t kP2pDtypeMask = 0xff;
@@ -197,12 +201,15 @@ inline constexpr std::uint64_t kP2pVerdictMismatch = 2;
 /// Directed pair s -> r.
 struct P2pChannel {
   struct alignas(kLine) {
-    std::atomic<std::uint64_t> posted;         // headers published
+    std::atomic<std::uint64_t> unused;         // was `posted`: r polls P2pEntry::seq now
     std::atomic<std::uint64_t> staged;         // slices written into r's staging slots
     std::atomic<std::uint64_t> verdicts_read;  // verdicts s has read
   } send;                                      // written by s
+  // A line of its own: r stores it after every batch of headers, and s
+  // reads it only when its copy says all entries are taken, while s reads
+  // `verdicts` below at every send.
+  alignas(kLine) std::atomic<std::uint64_t> headers_read;  // headers r copied (entries free)
   struct alignas(kLine) {
-    std::atomic<std::uint64_t> headers_read;        // headers r has copied (their entries are free)
     std::atomic<std::uint64_t> drained;             // slices of s that r has copied out
     std::atomic<std::uint64_t> active;              // m+1: message m may stream into r's slots now
     std::atomic<std::uint64_t> verdicts;            // verdicts published
@@ -281,7 +288,7 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == 4, "futex words must be 32-b
 static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
 static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == 64);
 static_assert(sizeof(RankArea) % kLine == 0);
-static_assert(sizeof(P2pEntry) == 64 && sizeof(P2pVerdict) == 16 && sizeof(P2pChannel) == 896);
+static_assert(sizeof(P2pEntry) == 64 && sizeof(P2pVerdict) == 16 && sizeof(P2pChannel) == 1024);
 // The write-once part of the header fits its first line; validate_header()
 // reads exactly these bytes.
 static_assert(offsetof(Header, status) == kLine);

@@ -18,10 +18,15 @@
 //                 rank sleeps on its own doorbell only, whatever the peer.
 //
 // A message m from s to r:
-//   1. s waits until m < headers_read + E, writes header m, publishes
-//      posted = m+1 (release) and rings r.
-//   2. r copies the header into its local list of unmatched messages and
-//      matches its posted recvs in order against that list: the first
+//   1. s waits until m < headers_read + E (it re-reads headers_read only
+//      when its last copy says the entries are full; r publishes it after
+//      every batch of headers and rings s lightly), writes header m, then
+//      its `seq` = m+1 (release), and rings r lightly (below).
+//   2. r polls entry (scanned mod E)'s `seq` directly: the header, and an
+//      inline payload with it, comes in the one line r polls (one line
+//      transfer per small message). r copies the header into its local
+//      list of unmatched messages and matches its posted recvs in order
+//      against that list: the first
 //      unmatched message with the recv's tag. Messages of one (s, r, tag)
 //      arrive in order; other tags may overtake (any number of messages).
 //   3. Count or datatype differ: MismatchError on r, and a mismatch verdict
@@ -57,10 +62,41 @@
 // recv completes while its sender sits in a collective after an isend.
 //
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
-// channels of 896 B (three 128-B lines of counters and verdicts, 8 headers of
-// 64 B) and N x 128 KiB of staging: N=8: 1.1 MiB; N=64: 11.5 MiB (of 84 MiB
-// in all); N=256: 88 MiB (of 377 MiB: the collective slots are 1.1 MiB a
+// channels of 1 KiB (four 128-B lines of counters and verdicts, 8 headers of
+// 64 B) and N x 128 KiB of staging: N=8: 1.1 MiB; N=64: 12 MiB (of 84.5 MiB
+// in all); N=256: 96 MiB (of 385 MiB: the collective slots are 1.1 MiB a
 // rank by default).
+//
+// Doorbells and lost wake-ups. Verdicts, slices, `active` and freed entries
+// ring r's doorbell in full (ring(): seq_cst fetch_add of `value`, seq_cst
+// load of `waiters`, FUTEX_WAKE when nonzero; the waiter's side is the same
+// as wait.hpp's). A posted header, and a headers_read that frees entries
+// for s (the same argument with the roles swapped: a sender waiting for a
+// free entry watches headers_read), ring lightly (ring_light()): no store to
+// the doorbell and no fence on the sender's hot path; s only reads r's
+// `waiters` after its release store of `seq`, and rings in full when r said
+// it is going to sleep (waiters > 0). A waiting r polls the `seq` of the
+// next entry of every peer (and its doorbell) in its spin and yield phases,
+// so it needs no ring there. Before a futex sleep r increments `waiters`
+// (seq_cst RMW), then runs an asymmetric fence, membarrier(
+// MEMBARRIER_CMD_GLOBAL_EXPEDITED) -- every rank registered for it when its
+// P2p was made, so that every thread of every rank executes a full barrier
+// (or is not running) between the call's entry and return -- then reads
+// `futex_gen`, re-checks every watched `seq` and the doorbell, and sleeps
+// only while `futex_gen` is unchanged. Lost-wakeup argument, for s's store
+// S (seq) followed in program order by its load L (waiters), and r's RMW W
+// (waiters) followed by membarrier and r's load R (seq): the barrier that
+// membarrier forces on s's thread falls at some point of s's program. If it
+// falls after S, S is visible to every CPU before membarrier returns, so R
+// sees it. If it falls before S, it is also before L, and W happened before
+// the barrier, so L sees waiters > 0 and s rings in full: it bumps
+// `futex_gen` after S (seq_cst), so either r's read of `futex_gen` sees the
+// bump and then R sees S (acquire), or FUTEX_WAIT returns on the changed
+// word or the wake. Either way r never sleeps through a posted header. The
+// sender pays a compiler barrier only; the sleeper pays the IPIs, once per
+// sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its
+// registration is refused (old kernel, seccomp), s executes a seq_cst fence between S and L instead
+// (the symmetric form of the same argument, as wait.hpp).
 //
 // Waits: a blocking caller spins only when its peer does not run on its CPU
 // (and never when oversubscribed), then yields, then sleeps on its doorbell;
@@ -71,7 +107,9 @@
 #include "p2p.hpp"
 
 #include <fmt/format.h>
+#include <linux/membarrier.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -95,8 +133,26 @@ namespace detail {
 
 namespace {
 constexpr std::uint64_t kNoMsg = std::numeric_limits<std::uint64_t>::max();
-// A bounded doorbell wait ends with this (thrown from wait_at_least's slow check).
-struct SliceOver {};
+
+// The asymmetric fence of the header comment: senders of headers pay a
+// compiler barrier; a rank about to sleep runs membarrier, which makes every
+// registered rank's running threads execute a full barrier.
+// Registration is per process image (a forked child is not registered), so
+// every P2p asks again. SHMRING_P2P_MEMBARRIER=0 makes this rank's senders
+// fence instead (tests of the fallback); sleepers always try membarrier.
+bool register_asymmetric_fence() {
+  if (env_int("SHMRING_P2P_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
+// Before a futex sleep, after incrementing `waiters`. Where membarrier is
+// refused, no rank registered (same kernel), so every sender fences itself.
+void asymmetric_fence_heavy() {
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 }  // namespace
 
 struct P2p::Header {
@@ -134,6 +190,7 @@ struct P2p::PeerState {
   std::map<std::uint64_t, OpPtr> outstanding;  // posted, not inline, no verdict read yet
   OpPtr streaming;
   std::uint64_t staged = 0;         // mirror of channel(me, peer).send.staged
+  std::uint64_t headers_read = 0;   // last value read of channel(me, peer).recv.headers_read
   std::uint64_t verdicts_read = 0;  // mirror of channel(me, peer).send.verdicts_read
   std::exception_ptr deferred;      // mismatch of an inline send that had returned
   // As receiver from this peer.
@@ -154,6 +211,7 @@ struct P2p::PeerState {
 P2p::P2p(Communicator::Impl& c)
     : c_(c), base_(c.seg->p2p_base()), cma_min_bytes_(64 * 1024), fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
+  light_ring_ = register_asymmetric_fence();
   if (auto v = env_int("SHMRING_CMA", 0, 1)) cma_ = static_cast<int>(*v);
   if (auto v = env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
     cma_min_bytes_ = static_cast<std::size_t>(*v);
@@ -222,6 +280,16 @@ void P2p::ring(int peer) {
   Counter& d = inbox(peer).doorbell;
   d.value.fetch_add(1, std::memory_order_seq_cst);
   if (d.waiters.load(std::memory_order_seq_cst) != 0) wake(d);
+}
+
+void P2p::ring_light(int peer) {
+  // After the release store of an entry's `seq` or of headers_read (the
+  // header comment's S).
+  if (light_ring_)
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // the sleeper's membarrier fences us
+  else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (inbox(peer).doorbell.waiters.load(std::memory_order_relaxed) != 0) ring(peer);
 }
 
 namespace {
@@ -346,9 +414,15 @@ bool P2p::progress_send(int peer, PeerState& ps) {
     ch.send.verdicts_read.store(ps.verdicts_read, std::memory_order_release);
     moved = tell = true;
   }
-  // Post queued sends while the receiver has read enough headers.
-  const std::uint64_t headers_read = ch.recv.headers_read.load(std::memory_order_acquire);
-  while (!ps.unposted.empty() && ps.next_msg < headers_read + kP2pEntries) {
+  // Post queued sends while the receiver has read enough headers. Our copy
+  // of headers_read is re-read only when it says the entries are full: the
+  // receiver's line moves here once per E messages, not per message.
+  bool posted = false;
+  while (!ps.unposted.empty()) {
+    if (ps.next_msg >= ps.headers_read + kP2pEntries) {
+      ps.headers_read = ch.headers_read.load(std::memory_order_acquire);
+      if (ps.next_msg >= ps.headers_read + kP2pEntries) break;
+    }
     const std::uint64_t m = ps.next_msg;
     OpPtr op = ps.unposted.front();
     ps.unposted.pop_front();
@@ -360,11 +434,15 @@ bool P2p::progress_send(int peer, PeerState& ps) {
     } else if (cma_ && op->bytes >= cma_min_bytes_) {
       flags |= kP2pCmaOffered;
     }
+    if (!op->eager) {
+      const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(op->buf);
+      std::memcpy(e.inline_data, &addr, sizeof addr);
+    }
     e.count.store(op->count, std::memory_order_relaxed);
-    e.addr.store(reinterpret_cast<std::uintptr_t>(op->buf), std::memory_order_relaxed);
     e.tag.store(op->tag, std::memory_order_relaxed);
     e.flags.store(flags, std::memory_order_relaxed);
-    ch.send.posted.store(m + 1, std::memory_order_release);
+    e.seq.store(m + 1, std::memory_order_release);
+    posted = true;
     op->msg = m;
     op->deadline = c_.deadline();
     ++ps.next_msg;
@@ -372,8 +450,9 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       finish(op, nullptr);  // buffered: a mismatch comes back as a verdict
     else
       ps.outstanding.emplace(m, op);
-    moved = tell = true;
+    moved = true;
   }
+  if (posted && !tell) ring_light(peer);
   // Stream the message the receiver asked for into its staging slots.
   if (!ps.streaming) {
     const std::uint64_t active = ch.recv.active.load(std::memory_order_acquire);
@@ -533,25 +612,27 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
 bool P2p::progress_recv(int peer, PeerState& ps) {
   P2pChannel& ch = channel(peer, c_.rank);
   bool moved = false;
-  const std::uint64_t posted = ch.send.posted.load(std::memory_order_acquire);
-  // The sender can only be waiting for a free entry when all were taken.
-  const bool sender_may_wait = posted >= ps.scanned + kP2pEntries;
-  for (; ps.scanned < posted; ++ps.scanned) {
+  for (;; ++ps.scanned) {
     P2pEntry& e = ch.entry[ps.scanned % kP2pEntries];
+    // The sender writes entry m+E only after we publish headers_read > m.
+    if (e.seq.load(std::memory_order_acquire) != ps.scanned + 1) break;
     Header h;
     h.msg = ps.scanned;
     h.count = e.count.load(std::memory_order_relaxed);
-    h.addr = e.addr.load(std::memory_order_relaxed);
     h.tag = e.tag.load(std::memory_order_relaxed);
     h.flags = e.flags.load(std::memory_order_relaxed);
-    if (h.flags & kP2pInline) std::memcpy(h.data, e.inline_data, kP2pInlineBytes);
+    if (h.flags & kP2pInline)
+      std::memcpy(h.data, e.inline_data, kP2pInlineBytes);
+    else
+      std::memcpy(&h.addr, e.inline_data, sizeof h.addr);
     ps.unmatched.emplace(h.msg, h);
     moved = true;
   }
   if (moved) {
-    // The entries are free again: a sender waiting for one may go on.
-    ch.recv.headers_read.store(ps.scanned, std::memory_order_release);
-    if (sender_may_wait) ring(peer);
+    // The entries are free again. A sender waiting for one watches
+    // headers_read itself (watch_entries), so a light ring is enough.
+    ch.headers_read.store(ps.scanned, std::memory_order_release);
+    ring_light(peer);
   }
   moved |= flush_verdicts(peer, ps);
   if (ps.recvs.empty() || ps.unmatched.empty()) return moved;
@@ -697,7 +778,21 @@ void P2p::drop_finished() {
 // ---------------------------------------------------------------------------
 // Waiting.
 
-void P2p::wait_doorbell(std::uint64_t seen, int peer, bool progress_thread) {
+void P2p::watch_entries(std::vector<Watch>& w) {
+  w.clear();
+  for (int p = 0; p < c_.size; ++p) {
+    if (p == c_.rank) continue;
+    const std::uint64_t next = peers_[static_cast<std::size_t>(p)].scanned;
+    w.push_back({&channel(p, c_.rank).entry[next % kP2pEntries].seq, next + 1});
+    // A send waiting for a free entry: the receiver's headers_read.
+    const PeerState& ps = peers_[static_cast<std::size_t>(p)];
+    if (!ps.unposted.empty() && ps.next_msg >= ps.headers_read + kP2pEntries)
+      w.push_back({&channel(c_.rank, p).headers_read, ps.next_msg - kP2pEntries + 1});
+  }
+}
+
+void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int peer,
+                        bool progress_thread) {
   WaitPolicy policy = c_.wait_policy;
   if (progress_thread) {
     // A helper thread must not hold a core a rank needs.
@@ -708,10 +803,48 @@ void P2p::wait_doorbell(std::uint64_t seen, int peer, bool progress_thread) {
               c_.area(peer).info.cpu.load(std::memory_order_relaxed) == current_cpu())) {
     policy.spin_ns = 0;  // spinning would only delay the peer on our CPU
   }
-  try {
-    wait_at_least(inbox(c_.rank).doorbell, seen + 1, policy, [] { throw SliceOver{}; });
-  } catch (const SliceOver&) {
+  Counter& d = inbox(c_.rank).doorbell;
+  // Anything to progress: a ring, or a header posted (lightly rung) since
+  // the caller's last scan.
+  auto ready = [&](std::memory_order order) {
+    if (d.value.load(order) > seen) return true;
+    for (const Watch& w : watch)
+      if (w.seq->load(order) >= w.want) return true;
+    return false;
+  };
+  if (ready(std::memory_order_acquire)) return;
+  if (policy.spin_ns > 0) {
+    // A first short round before reading the clock (32 pauses: ~1.5 us on
+    // CPUs whose pause takes ~140 cycles): a ping-pong answer often comes.
+    for (int i = 0; i < 32; ++i) {
+      cpu_relax();
+      if (ready(std::memory_order_acquire)) return;
+    }
   }
+  const auto start = Clock::now();
+  if (policy.spin_ns > 0) {
+    for (;;) {
+      for (int i = 0; i < 64; ++i) {
+        cpu_relax();
+        if (ready(std::memory_order_acquire)) return;
+      }
+      if ((Clock::now() - start).count() >= policy.spin_ns) break;
+    }
+  }
+  // Yield the core (the peer may need it); the caller's slow checks run
+  // every sleep slice.
+  const std::int64_t yield_end = policy.spin_ns + policy.yield_ns;
+  while ((Clock::now() - start).count() < yield_end) {
+    sched_yield();
+    if (ready(std::memory_order_acquire)) return;
+    if (Clock::now() - start > std::chrono::microseconds(policy.sleep_slice_us)) return;
+  }
+  // One futex sleep slice (the lost-wakeup argument is the header comment's).
+  d.waiters.fetch_add(1, std::memory_order_seq_cst);
+  asymmetric_fence_heavy();
+  const std::uint32_t gen = d.futex_gen.load(std::memory_order_seq_cst);
+  if (!ready(std::memory_order_seq_cst)) futex_wait(d.futex_gen, gen, policy.sleep_slice_us);
+  d.waiters.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void P2p::wait(Op& op) {
@@ -726,9 +859,11 @@ void P2p::wait(Op& op) {
     }
     deliver(lock);
     if (op.done) break;
+    thread_local std::vector<Watch> watch;
+    watch_entries(watch);
     ++sleepers_;
     lock.unlock();
-    wait_doorbell(seen, op.peer, false);
+    wait_doorbell(seen, watch, op.peer, false);
     lock.lock();
     --sleepers_;
   }
@@ -757,9 +892,11 @@ void P2p::loop() {
     }
     deliver(lock);
     if (requests_pending_ == 0 || stop_) continue;
+    std::vector<Watch>& watch = thread_watch_;
+    watch_entries(watch);
     ++sleepers_;
     lock.unlock();
-    wait_doorbell(seen, -1, true);
+    wait_doorbell(seen, watch, -1, true);
     lock.lock();
     --sleepers_;
   }

@@ -81,8 +81,21 @@ class P2p {
   /// Completes the requests finished so far, with `lock` released.
   void deliver(std::unique_lock<std::mutex>& lock);
   void ring(int peer);
-  /// Waits for our doorbell to pass `seen` (bounded by one sleep slice).
-  void wait_doorbell(std::uint64_t seen, int peer, bool progress_thread);
+  /// After publishing something `peer` watches while it waits (a header,
+  /// headers_read): rings only when `peer` sleeps.
+  void ring_light(int peer);
+  /// A header `seq` to poll while waiting, and the value that means "posted".
+  struct Watch {
+    const std::atomic<std::uint64_t>* seq;
+    std::uint64_t want;
+  };
+  /// The next entry of every peer, as far as we scanned, and headers_read
+  /// of the peers our sends wait for (mutex_ held).
+  void watch_entries(std::vector<Watch>& w);
+  /// Waits for our doorbell to pass `seen` or a watched header to be
+  /// posted (bounded by one sleep slice).
+  void wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int peer,
+                     bool progress_thread);
   void start_thread();
   void loop();
   std::size_t pending() const;
@@ -95,7 +108,8 @@ class P2p {
   Communicator::Impl& c_;
   std::byte* base_;
   std::size_t stage_bytes_ = kP2pStageBytes;
-  int cma_ = 1;  // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
+  bool light_ring_ = false;  // membarrier registered: ring_light() needs no fence
+  int cma_ = 1;              // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
   std::size_t cma_min_bytes_;
   const unsigned fork_gen_;
 
@@ -111,6 +125,7 @@ class P2p {
   std::size_t requests_pending_ = 0;
   std::vector<OpPtr> completions_;  // finished requests not yet delivered
   std::unique_ptr<std::thread> thread_;
+  std::vector<Watch> thread_watch_;  // the progress thread's
 };
 
 }  // namespace shmring::detail

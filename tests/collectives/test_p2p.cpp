@@ -244,6 +244,56 @@ TEST_CASE("100k small messages ping-ponged between a pair, in order") {
   })));
 }
 
+// Ranks that never spin or yield sleep on their doorbell at once: every
+// small message must wake its receiver (the light ring, p2p.cpp's header
+// comment) and every freed header window its sender. A lost wake-up costs a
+// 10 ms sleep slice, so a systematic one would take >= 30 s here.
+void sleeping_ping_pong_and_bursts(Communicator& comm) {
+  const int r = comm.rank(), p = 1 - r;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 1500; ++i) {
+    std::int64_t out = value(r, p, 0, static_cast<std::size_t>(i)), in = -1;
+    if (r == 0) {
+      comm.send(&out, 1, DataType::int64, p, 0);
+      comm.recv(&in, 1, DataType::int64, p, 0);
+    } else {
+      comm.recv(&in, 1, DataType::int64, p, 0);
+      comm.send(&out, 1, DataType::int64, p, 0);
+    }
+    SHMRING_CHILD_CHECK(in == value(p, r, 0, static_cast<std::size_t>(i)), "msg %d: %lld", i,
+                        static_cast<long long>(in));
+  }
+  // Bursts of 3 windows: the sender waits for freed headers.
+  for (int b = 0; b < 100; ++b) {
+    for (int i = 0; i < 24; ++i) {
+      const auto idx = static_cast<std::size_t>(b * 24 + i);
+      if (r == 0) {
+        std::int64_t out = value(r, p, 1, idx);
+        comm.send(&out, 1, DataType::int64, p, 1);
+      } else {
+        std::int64_t in = -1;
+        comm.recv(&in, 1, DataType::int64, p, 1);
+        SHMRING_CHILD_CHECK(in == value(p, r, 1, idx), "burst %d msg %d: %lld", b, i,
+                            static_cast<long long>(in));
+      }
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  SHMRING_CHILD_CHECK(s < 20.0, "3900 sleeping messages took %.1f s: lost wake-ups?", s);
+}
+
+TEST_CASE("receivers and senders asleep at once are always woken (no spin, no yield)") {
+  setenv("SHMRING_SPIN_US", "0", 1);
+  setenv("SHMRING_YIELD_US", "0", 1);
+  CHECK(test::all_zero(test::run_ranks(2, sleeping_ping_pong_and_bursts)));
+  // Again with senders fencing themselves (no membarrier registration).
+  setenv("SHMRING_P2P_MEMBARRIER", "0", 1);
+  CHECK(test::all_zero(test::run_ranks(2, sleeping_ping_pong_and_bursts)));
+  unsetenv("SHMRING_P2P_MEMBARRIER");
+  unsetenv("SHMRING_SPIN_US");
+  unsetenv("SHMRING_YIELD_US");
+}
+
 TEST_CASE("isend/irecv posted in any order around collectives never deadlock (N=3)") {
   CHECK(test::all_zero(test::run_ranks(3, [](Communicator& comm) {
     const int n = comm.size(), r = comm.rank();
