@@ -9,22 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-#define CHECK_OK(call)                                                                        \
-  do {                                                                                        \
-    shmring_result_t r_ = (call);                                                             \
-    if (r_ != SHMRING_SUCCESS) {                                                              \
-      fprintf(stderr, "%s:%d: %s returned %d (%s): %s\n", __FILE__, __LINE__, #call, (int)r_, \
-              shmring_get_error_string(r_), shmring_get_last_error(comm));                    \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
+#include "c_harness.h"
 
 enum { kRanks = 3, kCount = 1001 };
 
@@ -80,31 +65,11 @@ static void run_rank(int rank, const char* job) {
 }
 
 int main(void) {
-  char job[64];
-  snprintf(job, sizeof job, "t-%sc-api-%d",
-           getenv("SHMRING_TEST_TAG") ? getenv("SHMRING_TEST_TAG") : "", (int)getpid());
   /* A bad job id fails before anything is created, with a message. */
   shmring_comm_t bad = NULL;
   CHECK(shmring_comm_init(&bad, 0, 1, "no/slash") == SHMRING_ERR_INVALID_ARGUMENT);
   CHECK(bad == NULL && strstr(shmring_get_last_error(NULL), "no/slash") != NULL);
-
-  pid_t pids[kRanks];
-  for (int r = 0; r < kRanks; ++r) {
-    pids[r] = fork();
-    if (pids[r] == 0) {
-      run_rank(r, job);
-      _exit(0);
-    }
-  }
-  int failed = 0;
-  for (int r = 0; r < kRanks; ++r) {
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      fprintf(stderr, "rank %d failed (status %d)\n", r, st);
-      failed = 1;
-    }
-  }
+  int failed = run_forked_ranks(kRanks, "c-api", run_rank);
   if (!failed) printf("C API: all checks passed on %d ranks\n", kRanks);
   return failed;
 }
