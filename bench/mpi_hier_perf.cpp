@@ -83,6 +83,10 @@ void print_stages(HierBackend& b, const PerfOptions& o) {
   shmring::mpi::Options blocking_options, pipelined_options;
   blocking_options.algorithm = pipelined_options.algorithm = "shards";
   blocking_options.piece_bytes = SIZE_MAX;
+  // The default pieces unless SHMRING_MPI_PIECE_BYTES says otherwise: the
+  // layer's automatic choice would turn the pipeline off where CPUs are few,
+  // and this table shows what it would give there.
+  if (std::getenv("SHMRING_MPI_PIECE_BYTES") == nullptr) pipelined_options.piece_bytes = 256 * 1024;
   shmring::mpi::Communicator blocking(MPI_COMM_WORLD, blocking_options);
   shmring::mpi::Communicator pipelined(MPI_COMM_WORLD, pipelined_options);
   if (b.rank() == 0)

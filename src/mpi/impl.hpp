@@ -16,6 +16,7 @@
 //   shard     the 1/L share of an allreduce buffer a local rank owns after
 //             the intra-node reduce-scatter.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -52,6 +53,13 @@ struct Communicator::Impl {
   std::vector<std::vector<int>> node_ranks;  // node -> global ranks, local order
   std::string job_id;                        // of every node comm of this communicator
   std::optional<shmring::Communicator> node_comm;
+  /// Per global rank, gathered at setup: its machine (a hash of the boot
+  /// id: fake nodes and containers share one) and affinity mask (1024 CPUs).
+  struct CpuInfo {
+    std::uint64_t machine = 0;
+    std::array<std::uint64_t, 16> mask{};
+  };
+  std::vector<CpuInfo> cpu_info;
 
   // --- Settings -------------------------------------------------------------
   Algorithm algorithm = Algorithm::automatic;
@@ -68,6 +76,10 @@ struct Communicator::Impl {
 
   // topology.cpp
   void setup(MPI_Comm comm, const Options& options);
+  /// True when every machine has at least two CPUs (in its ranks' affinity
+  /// masks) per rank of this communicator on it: the pipelined shards path
+  /// needs two busy threads per rank (SHMRING_MPI_PIECE_BYTES unset or auto).
+  bool spare_cpus_everywhere() const;
   void teardown() noexcept;
 
   // communicator.cpp: the error policy. Every shmring call of a stage runs

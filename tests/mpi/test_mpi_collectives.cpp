@@ -18,11 +18,13 @@
 // --expect-nodes K (fail unless the layer sees K nodes).
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <shmring/mpi.hpp>
 #include <sstream>
@@ -456,6 +458,24 @@ int main(int argc, char** argv) {
                    comm.node(), comm.num_nodes(), comm.local_rank(), comm.local_size(),
                    comm.node_communicator().config().segment_name);
         std::fflush(stdout);
+        // Default pieces: pipelined only with two CPUs per rank on the
+        // machine (every rank of this rig shares one kernel). Expected value
+        // from the ranks' own affinity masks, independent of the layer.
+        if (o.piece_bytes == 0 && std::getenv("SHMRING_MPI_PIECE_BYTES") == nullptr) {
+          cpu_set_t mine, all;
+          CPU_ZERO(&mine);
+          sched_getaffinity(0, sizeof mine, &mine);
+          MPI_Allreduce(&mine, &all, sizeof mine, MPI_BYTE, MPI_BOR, MPI_COMM_WORLD);
+          const bool spare = CPU_COUNT(&all) >= 2 * g_size;
+          const bool ok = (comm.piece_bytes() > 0) == spare;
+          if (!ok)
+            fmt::print(stderr,
+                       "rank {}: FAIL default piece_bytes {} with {} CPUs for {} ranks: expected "
+                       "{}\n",
+                       g_rank, comm.piece_bytes(), CPU_COUNT(&all), g_size,
+                       spare ? "pipelining (> 0)" : "0 (one piece)");
+          record(ok);
+        }
         if (expect_nodes > 0) {
           const bool ok = comm.num_nodes() == expect_nodes;
           if (!ok)
