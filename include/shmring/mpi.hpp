@@ -58,8 +58,14 @@ struct Options {
   /// (at most 16) and overlaps their stages: one piece's MPI allreduce
   /// across nodes runs while the next is reduce-scattered inside the node
   /// (on the node communicator's progress thread) and the one before is
-  /// allgathered. 0: SHMRING_MPI_PIECE_BYTES (0 there: no pipelining), else
-  /// the built-in default; SIZE_MAX: no pipelining.
+  /// allgathered. 0: SHMRING_MPI_PIECE_BYTES (0 there: no pipelining; a
+  /// size; unset or `auto`: automatic), SIZE_MAX: no pipelining. Automatic:
+  /// 256 KiB pieces where every machine has at least two CPUs (in its ranks'
+  /// affinity masks) per rank on it, one piece elsewhere: the pipeline keeps
+  /// two threads per rank busy, and where they must share CPUs its extra
+  /// synchronisations cost more than the overlap gains (bench/README.md).
+  /// Ranks count as one machine when they share a kernel (boot id), so fake
+  /// nodes and containers on one host are counted together.
   std::size_t piece_bytes = 0;
   /// What a failure inside a node does (a rank dead, a timeout, a
   /// mismatch, a failed MPI call). true (the default; SHMRING_MPI_ON_ERROR=
@@ -121,7 +127,8 @@ class SHMRING_MPI_API Communicator {
   bool balanced() const noexcept;
   Algorithm algorithm() const noexcept;  ///< As configured (automatic unless forced).
   std::size_t shards_bytes() const noexcept;
-  /// Bytes per piece of the pipelined shards path (0: not pipelined).
+  /// Bytes per piece of the pipelined shards path (0: not pipelined), as
+  /// set or as decided at construction (Options::piece_bytes).
   std::size_t piece_bytes() const noexcept;
   /// The intra-node shmring communicator (ranks = local ranks).
   shmring::Communicator& node_communicator() noexcept;

@@ -149,9 +149,10 @@ inline constexpr std::size_t kDefaultShardsBytes = 64 * 1024;
 
 /// The pipelined shards allreduce cuts messages into pieces of about this
 /// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most
-/// kMaxPieces of them. On 2 fake nodes x 2 ranks (bench/README.md) 256 KiB
-/// pieces were within noise of one piece (the 2 cores leave nothing to
-/// overlap with); the cost model predicts the gain where cores are spare.
+/// kMaxPieces of them; by default only where every rank has two CPUs
+/// (spare_cpus_everywhere). On 2 fake nodes x 2 ranks sharing 2 CPUs
+/// (bench/README.md) one piece was faster; the cost model predicts the gain
+/// where cores are spare.
 inline constexpr std::size_t kDefaultPieceBytes = 256 * 1024;
 inline constexpr std::size_t kMaxPieces = 16;
 
