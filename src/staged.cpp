@@ -21,7 +21,9 @@
 //            c mod 2 (acquire_direct_buffer). It carries the header of a
 //            v-collective, then the whole collective when the largest block
 //            of every writer fits one lane of what is left ("inline": one
-//            synchronisation, as the one-shot direct path).
+//            synchronisation, as the one-shot direct path: readers take it
+//            after the writer's announcement, and neither `posted` nor
+//            `taken` is published for it).
 //   header - the writer's count vectors (N x uint64 each), so that readers
 //            check the exact count they will read against what the writer
 //            sends, and a mismatch is reported with its values on every rank.
@@ -59,10 +61,14 @@
 // collectives since the communicator started, the same on every rank (all
 // ranks run the same rounds: the round counts follow from descriptors that
 // agree), so round k of a collective is `staged_rounds + k` everywhere.
+// They only grow, and a wait needs a value at least as large as its target,
+// so a round whose counter nobody waits for (an inline round 0) is skipped.
 // The direct buffers are shared with the direct path. A staged collective c
-// may use both, so the next collective to write one (direct or staged,
-// through acquire_direct_buffer) first waits until every rank has finished
-// c (staged_done_needed).
+// with data rounds may use both, so the next collective to write one
+// (direct or staged, through acquire_direct_buffer) first waits until every
+// rank has finished c (staged_done_needed). An inline one used buffer
+// c mod 2 only, which the direct path's rule already covers: back-to-back
+// small alltoalls meet once per call, not twice.
 // Memory ordering: as in direct.cpp (release publish after the copies,
 // acquire wait before reading; a writer reuses a buffer only after an
 // acquire of every reader's `taken`).
@@ -199,10 +205,12 @@ class Rounds {
     return buffer(c_.rank, k);
   }
   void post(std::uint64_t k) { detail::publish(c_.my_area().posted, base_ + k + 1); }
-  /// Writer w's buffer of round k, once w has posted it.
+  /// Writer w's buffer of round k, once w has posted it. Round 0 is read
+  /// only after w's announcement (announce_and_check), which w publishes
+  /// after round 0: no counter of its own to wait for.
   const std::byte* await(int w, std::uint64_t k) {
     c_.step = static_cast<int>(std::min<std::uint64_t>(k, 1u << 30));
-    c_.wait_counter(c_.area(w).posted, base_ + k + 1, w, "staged data");
+    if (k > 0) c_.wait_counter(c_.area(w).posted, base_ + k + 1, w, "staged data");
     return buffer(w, k);
   }
   void taken(std::uint64_t k) { detail::publish(c_.my_area().taken, base_ + k + 1); }
@@ -218,7 +226,10 @@ class Rounds {
         if (q != c_.rank && is_reader(q))
           c_.wait_counter(c_.area(q).taken, base_ + total, q, "a reader to finish the collective");
     c_.staged_rounds = base_ + total;
-    c_.staged_done_needed = c_.collectives + 1;
+    // Data rounds wrote direct buffer (c+1) mod 2 or the slots, which the
+    // next collective's own rules do not cover; round 0 alone used buffer
+    // c mod 2, as a direct collective does (acquire_direct_buffer's rule).
+    if (data_rounds_ > 0) c_.staged_done_needed = c_.collectives + 1;
   }
   /// Round 0: the inline data in direct buffer c mod 2, after the header.
   /// Data rounds without slots: direct buffer (c + k) mod 2; through the
@@ -352,17 +363,21 @@ void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsRe
     std::byte* buf = r.acquire(0, is_reader);
     if constexpr (has_header) header(buf);
     if (lane0 > 0 && local_largest <= lane0) write(buf + r.inline_offset(), 0, lane0);
-    r.post(0);
+    // Round 0 needs no `posted`: readers wait for the announcement below.
   }
   announce_and_check(c);
   const std::size_t largest = check();
   const bool inline_data = lane0 > 0 && largest <= lane0;
   if (inline_data) {
+    // One synchronisation: buffer c mod 2 is reused after every rank has
+    // finished c (acquire_direct_buffer), so no `taken` either. (Counters
+    // only grow: skipping a value leaves later waits unchanged.)
     if (reader) read(0, 0, lane0);
   } else {
     r.plan(largest);
+    // Round 2 rewrites round 0's buffer once its readers took it.
+    if (reader || has_header) r.taken(0);
   }
-  if (reader || has_header) r.taken(0);
   for (std::uint64_t k = 1; k <= r.data_rounds(); ++k) {
     if (writer) {
       write(r.acquire(k, is_reader), k - 1, r.lane());
