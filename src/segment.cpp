@@ -848,6 +848,13 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
     }
     sleep_backoff(it);
   }
+  // The last rank to attach unlinks the name, but a SIGKILL between its
+  // increment of `attached` and its unlink would leave the file behind with
+  // every other rank past this wait (tests/faults/test_leaks saw it once in
+  // 200 jobs). So every rank removes the name here if it still names this
+  // segment (unlink_if_same: a fresh segment of another job under the name
+  // survives).
+  unlink_name();
 }
 
 std::vector<SegmentInfo> list_segments() {
