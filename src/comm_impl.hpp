@@ -149,6 +149,12 @@ struct Communicator::Impl {
   /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
   /// CPU of the job if it can. Returns false when we stay on peer's CPU.
   bool keep_off_cpu_of(int peer);
+  /// How a blocking wait for `peer` (-1: several) goes, from wait_policy:
+  /// more ranks than CPUs, or `peer` stacked on our CPU: no spin, yield
+  /// (the CPU is what the awaited rank needs). Otherwise spin for the spin
+  /// and yield phases together, then sleep: a yield could only hand our
+  /// CPU to a task outside the job, for a whole scheduler slice.
+  detail::WaitPolicy policy_for(int peer);
 
   // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.

@@ -347,6 +347,7 @@ void Engine::poll_for_work() {
 
 void Engine::loop() {
   pthread_setname_np(pthread_self(), "shmring-progress");
+  t_helper_thread = true;
   if (c_.progress_cpu >= 0) {
     cpu_set_t set;
     CPU_ZERO(&set);

@@ -16,8 +16,8 @@
 //      `announced` counter (seq_cst: it carries sleepers and slow checks)
 //      follows when a wait of ours leaves its spin phase, or at the end: a
 //      fence right after the line would stall until every peer's polled copy
-//      of it is invalidated. A peer leaves its own spin only after ~5 us
-//      and sleeps only after its yield phase, by which time we announced.
+//      of it is invalidated. A peer sleeps only after its spin (and yield)
+//      phases, as long as ours, by which time we announced.
 //   3. For each peer, poll its line until `seq` = c + 1 (acquire): the poll
 //      that succeeds brings descriptor and data with it, one cache-line
 //      transfer per peer (the direct path moves three: announced,
@@ -60,9 +60,9 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
   const std::uint64_t want = collectives + 1;
   auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
   if (!ready()) {
-    detail::WaitPolicy policy = wait_policy;
     // Spin only while the peer runs on a CPU of its own (placement.hpp).
-    if (!config.oversubscribed && keep_off_cpu_of(peer) && policy.spin_ns > 0) {
+    detail::WaitPolicy policy = policy_for(peer);
+    if (policy.spin_ns > 0) {
       const auto start = detail::Clock::now();
       while (!ready()) {
         for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();

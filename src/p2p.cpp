@@ -798,10 +798,8 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
     // A helper thread must not hold a core a rank needs.
     policy.spin_ns = 0;
     policy.yield_ns = std::min<std::int64_t>(policy.yield_ns, 200'000);
-  } else if (c_.config.oversubscribed ||
-             (peer >= 0 &&
-              c_.area(peer).info.cpu.load(std::memory_order_relaxed) == current_cpu())) {
-    policy.spin_ns = 0;  // spinning would only delay the peer on our CPU
+  } else {
+    policy = c_.policy_for(peer);  // yield only to a rank on our CPU
   }
   Counter& d = inbox(c_.rank).doorbell;
   // Anything to progress: a ring, or a header posted (lightly rung) since

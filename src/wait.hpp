@@ -57,6 +57,11 @@ inline void publish(Counter& c, std::uint64_t v) {
   if (c.waiters.load(std::memory_order_seq_cst) != 0) wake(c);
 }
 
+/// True on a thread shmring runs beside the user's (a communicator's
+/// progress thread): its waits yield as configured rather than spin, since
+/// the CPU it would hold may be the one the user's own thread computes on.
+inline thread_local bool t_helper_thread = false;
+
 struct WaitPolicy {
   std::int64_t spin_ns = 5'000;  // the defaults of Config (SHMRING_SPIN_US / _YIELD_US)
   std::int64_t yield_ns = 200'000;
