@@ -51,7 +51,10 @@ struct Config {
   int threads = 1;
   double timeout_s = 0;
   double spin_us = 0;              ///< Busy-wait (pause) phase of a wait, microseconds.
-  double yield_us = 0;             ///< sched_yield phase after the spin, before futex sleep.
+  /// sched_yield phase after the spin, before futex sleep, microseconds;
+  /// while the awaited rank runs on another CPU (and ranks <= CPUs) a wait
+  /// spins through it instead: yielding would not help that rank.
+  double yield_us = 0;
   std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
   int job_cpus = 0;                ///< CPUs the ranks' affinity masks cover together.
   bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
