@@ -26,7 +26,7 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    5;  // 4: low-latency lines; 5: point-to-point region
+    6;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A left neighbour
 /// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
@@ -160,12 +160,15 @@ inline constexpr std::size_t kHeaderBytes = (sizeof(Header) + kPage - 1) / kPage
 
 // ---- Point-to-point (send/recv; the protocol is described in p2p.cpp).
 // Region: [P2pInbox x N][P2pChannel x N*N (sender-major)][staging: N x
-// kP2pStageSlots x kP2pStageBytes]. None of it is used by collectives.
-inline constexpr std::size_t kP2pEntries = 8;         // headers per pair not yet read by r
-inline constexpr std::size_t kP2pVerdicts = 8;        // verdicts per pair not yet read by s
-inline constexpr std::size_t kP2pInlineBytes = 40;    // payloads this small travel in the header
-inline constexpr std::size_t kP2pStageSlots = 4;      // staging slots per receiving rank
-inline constexpr std::size_t kP2pStageBytes = 32768;  // bytes per staging slot
+// kP2pStageSlots x kP2pStageBytes][outboxes: N x kP2pOutboxBytes]. None of
+// it is used by collectives.
+inline constexpr std::size_t kP2pEntries = 8;          // headers per pair not yet read by r
+inline constexpr std::size_t kP2pVerdicts = 8;         // verdicts per pair not yet read by s
+inline constexpr std::size_t kP2pInlineBytes = 40;     // payloads this small travel in the header
+inline constexpr std::size_t kP2pStageSlots = 4;       // staging slots per receiving rank
+inline constexpr std::size_t kP2pStageBytes = 32768;   // bytes per staging slot
+inline constexpr std::size_t kP2pOutboxBytes = 65536;  // per sending rank: eager payloads
+inline constexpr std::size_t kP2pEagerBytes = 16384;   // payloads up to this go eager (outbox)
 
 /// Per receiving rank: the doorbell every peer rings after writing
 /// something that rank must look at (a header, a slice, a verdict).
@@ -180,14 +183,16 @@ struct alignas(64) P2pEntry {
   std::atomic<std::uint64_t> seq;  // m+1 once message m's header is complete
   std::atomic<std::uint64_t> count;
   std::atomic<std::int32_t> tag;
-  std::atomic<std::uint32_t> flags;  // dtype | kP2pInline | kP2pCmaOffered
-  // The payload when kP2pInline; otherwise the send buffer's address in s's
-  // address space (single-copy reads), as a uint64 in the first 8 bytes.
+  std::atomic<std::uint32_t> flags;  // dtype | kP2pInline | kP2pCmaOffered | kP2pOutbox
+  // The payload when kP2pInline; with kP2pOutbox, the payload's offset in
+  // s's outbox; otherwise the send buffer's address in s's address space
+  // (single-copy reads); the last two as a uint64 in the first 8 bytes.
   unsigned char inline_data[kP2pInlineBytes];
 };
 inline constexpr std::uint32_t kP2pDtypeMask = 0xff;
 inline constexpr std::uint32_t kP2pInline = 1u << 8;
 inline constexpr std::uint32_t kP2pCmaOffered = 1u << 9;
+inline constexpr std::uint32_t kP2pOutbox = 1u << 10;
 
 /// Verdict v of channel (s, r), entry v mod kP2pVerdicts, written by r
 /// before it publishes verdicts = v+1: message (word >> 8) - 1 is finished.
@@ -224,9 +229,12 @@ inline constexpr std::uint64_t p2p_channels_offset(std::uint64_t n) {
 inline constexpr std::uint64_t p2p_stage_offset(std::uint64_t n) {
   return (p2p_channels_offset(n) + n * n * sizeof(P2pChannel) + kPage - 1) / kPage * kPage;
 }
+inline constexpr std::uint64_t p2p_outbox_offset(std::uint64_t n) {
+  return p2p_stage_offset(n) + n * kP2pStageSlots * kP2pStageBytes;
+}
 /// Bytes of the point-to-point region for world size n (n <= 2^20).
 inline constexpr std::uint64_t p2p_region_bytes(std::uint64_t n) {
-  return p2p_stage_offset(n) + n * kP2pStageSlots * kP2pStageBytes;
+  return p2p_outbox_offset(n) + n * kP2pOutboxBytes;
 }
 
 /// Offsets of one layout, computed locally from (world_size, slots,

@@ -13,6 +13,10 @@
 //                 datatype; s reads them (verdicts_read) to complete sends.
 //   staging slot  kP2pStageSlots (4) x kP2pStageBytes (32 KiB) per receiver
 //                 r, lent to one incoming message at a time.
+//   outbox        kP2pOutboxBytes (64 KiB) per sender s, a byte ring of eager
+//                 payloads (outbox_reserve); a payload's space is free again
+//                 once its receiver's headers_read passes its message (the
+//                 receiver copies the payload out when it copies the header).
 //   doorbell      one futex counter per rank (P2pInbox): whoever writes
 //                 something rank x must look at rings x's doorbell; a waiting
 //                 rank sleeps on its own doorbell only, whatever the peer.
@@ -36,6 +40,12 @@
 //        step 1 already (buffered, so send-send / recv-recv exchanges of
 //        small messages work as with MPI's eager sends). No verdict unless
 //        it mismatches: that one reaches s at its next send to r.
+//      - outbox (<= kP2pEagerBytes, 16 KiB, while s's outbox has room): as
+//        inline, with the payload in s's outbox (the header holds its
+//        offset). r copies it out as it scans the header, before
+//        publishing headers_read: into the recv it matches when one is
+//        posted, else into its unmatched list. One hand-off instead of the
+//        staged path's three (header, active, slices; verdict).
 //      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default): r reads
 //        s's buffer with process_vm_readv (cross-memory attach): the bytes
 //        move once (from 4 MiB split in 1 MiB reads across r's reduction
@@ -63,9 +73,9 @@
 //
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
 // channels of 1 KiB (four 128-B lines of counters and verdicts, 8 headers of
-// 64 B) and N x 128 KiB of staging: N=8: 1.1 MiB; N=64: 12 MiB (of 84.5 MiB
-// in all); N=256: 96 MiB (of 385 MiB: the collective slots are 1.1 MiB a
-// rank by default).
+// 64 B), N x 128 KiB of staging and N x 64 KiB of outboxes: N=8: 1.6 MiB;
+// N=64: 16 MiB (of 88.3 MiB in all); N=256: 112 MiB (of 401 MiB: the
+// collective slots are 1.1 MiB a rank by default).
 //
 // Doorbells and lost wake-ups. Verdicts, slices, `active` and freed entries
 // ring r's doorbell in full (ring(): seq_cst fetch_add of `value`, seq_cst
@@ -133,6 +143,7 @@ namespace detail {
 
 namespace {
 constexpr std::uint64_t kNoMsg = std::numeric_limits<std::uint64_t>::max();
+constexpr std::size_t kRememberBuffered = 64;  // per peer, for mismatch messages
 
 // The asymmetric fence of the header comment: senders of headers pay a
 // compiler barrier; a rank about to sleep runs membarrier, which makes every
@@ -158,10 +169,13 @@ void asymmetric_fence_heavy() {
 struct P2p::Header {
   std::uint64_t msg = kNoMsg;
   std::uint64_t count = 0;
-  std::uint64_t addr = 0;
+  std::uint64_t addr = 0;  // CMA: the send buffer's address; outbox: the payload's offset
   std::int32_t tag = 0;
   std::uint32_t flags = 0;
   unsigned char data[kP2pInlineBytes];
+  // An outbox payload copied out at once because no recv was posted for it
+  // (the sender's outbox space is freed with the header entry).
+  std::vector<std::byte> payload;
 };
 
 struct P2p::Op {
@@ -174,7 +188,8 @@ struct P2p::Op {
   bool done = false;
   std::exception_ptr error;
   Clock::time_point deadline;
-  // Send: message number once posted; eager = inline (done at posting).
+  // Send: message number once posted; eager = inline (done at posting;
+  // an outbox send is too, decided at posting: buffered below).
   std::uint64_t msg = kNoMsg;
   bool eager = false, streaming = false;
   std::uint64_t base = 0, slices = 0, nslices = 0;
@@ -193,6 +208,15 @@ struct P2p::PeerState {
   std::uint64_t headers_read = 0;   // last value read of channel(me, peer).recv.headers_read
   std::uint64_t verdicts_read = 0;  // mirror of channel(me, peer).send.verdicts_read
   std::exception_ptr deferred;      // mismatch of an inline send that had returned
+  // The last buffered (inline or outbox) sends, for a mismatch verdict that
+  // comes after they returned: message -> what was sent. Bounded: older
+  // ones are described without their values.
+  struct Sent {
+    std::uint64_t count;
+    DataType dtype;
+    int tag;
+  };
+  std::map<std::uint64_t, Sent> buffered;
   // As receiver from this peer.
   std::uint64_t scanned = 0;  // headers copied (mirror of channel(peer, me).recv.headers_read)
   std::map<std::uint64_t, Header> unmatched;
@@ -267,6 +291,31 @@ P2pChannel& P2p::channel(int from, int to) {
 
 P2pInbox& P2p::inbox(int r) {
   return reinterpret_cast<P2pInbox*>(base_)[r];
+}
+
+std::byte* P2p::outbox(int sender) {
+  return base_ + p2p_outbox_offset(static_cast<std::uint64_t>(c_.size)) +
+         static_cast<std::uint64_t>(sender) * kP2pOutboxBytes;
+}
+
+std::int64_t P2p::outbox_reserve(int peer, std::uint64_t msg, std::uint64_t bytes) {
+  // Free what the receivers have copied out: a receiver publishes
+  // headers_read only after copying each outbox payload it scanned.
+  while (!out_uses_.empty()) {
+    const OutboxUse& u = out_uses_.front();
+    if (channel(c_.rank, u.peer).headers_read.load(std::memory_order_acquire) <= u.msg) break;
+    out_tail_ = u.end;
+    out_uses_.pop_front();
+  }
+  if (out_uses_.empty()) out_head_ = out_tail_ = 0;   // start over at offset 0
+  const std::uint64_t need = (bytes + 63) / 64 * 64;  // lines of their own
+  std::uint64_t at = out_head_;
+  const std::uint64_t place = at % kP2pOutboxBytes;
+  if (place + need > kP2pOutboxBytes) at += kP2pOutboxBytes - place;  // no payload wraps
+  if (at + need - out_tail_ > kP2pOutboxBytes) return -1;
+  out_head_ = at + need;
+  out_uses_.push_back({peer, msg, out_head_});
+  return static_cast<std::int64_t>(at % kP2pOutboxBytes);
 }
 
 std::byte* P2p::stage_slot(int receiver, std::uint64_t slice) {
@@ -398,8 +447,14 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       if ((word & 3) == kP2pVerdictMismatch) {
         const auto rdt = static_cast<DataType>((word >> 2) & 0x3f);
         const std::uint64_t rcount = v.recv_count.load(std::memory_order_relaxed);
+        auto b = ps.buffered.find(m);
         const std::string mine =
-            op ? describe(*op) : fmt::format("an earlier buffered send to rank {}", peer);
+            op ? describe(*op)
+            : b != ps.buffered.end()
+                ? fmt::format(
+                      "a buffered {} (it returned before the recv)",
+                      describe_op(true, b->second.count, b->second.dtype, peer, b->second.tag))
+                : fmt::format("an earlier buffered send to rank {}", peer);
         auto err = std::make_exception_ptr(MismatchError(fmt::format(
             "rank {}: {} (message #{}) does not match rank {}'s recv(count={}, {}) for it", c_.rank,
             mine, m, peer, rcount, to_string(rdt))));
@@ -428,13 +483,20 @@ bool P2p::progress_send(int peer, PeerState& ps) {
     ps.unposted.pop_front();
     P2pEntry& e = ch.entry[m % kP2pEntries];
     std::uint32_t flags = static_cast<std::uint32_t>(op->dtype);
+    // Up to kP2pEagerBytes the payload goes ahead into our outbox when it
+    // has room (one hand-off, as the inline case); otherwise rendezvous.
+    const std::int64_t out =
+        !op->eager && op->bytes <= kP2pEagerBytes ? outbox_reserve(peer, m, op->bytes) : -1;
     if (op->eager) {
       flags |= kP2pInline;
       if (op->bytes) std::memcpy(e.inline_data, op->buf, op->bytes);
-    } else if (cma_ && op->bytes >= cma_min_bytes_) {
-      flags |= kP2pCmaOffered;
-    }
-    if (!op->eager) {
+    } else if (out >= 0) {
+      flags |= kP2pOutbox;
+      std::memcpy(outbox(c_.rank) + out, op->buf, op->bytes);
+      const auto offset = static_cast<std::uint64_t>(out);
+      std::memcpy(e.inline_data, &offset, sizeof offset);
+    } else {
+      if (cma_ && op->bytes >= cma_min_bytes_) flags |= kP2pCmaOffered;
       const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(op->buf);
       std::memcpy(e.inline_data, &addr, sizeof addr);
     }
@@ -446,9 +508,11 @@ bool P2p::progress_send(int peer, PeerState& ps) {
     op->msg = m;
     op->deadline = c_.deadline();
     ++ps.next_msg;
-    if (op->eager)
+    if (op->eager || out >= 0) {
       finish(op, nullptr);  // buffered: a mismatch comes back as a verdict
-    else
+      ps.buffered[m] = {op->count, op->dtype, op->tag};
+      if (ps.buffered.size() > kRememberBuffered) ps.buffered.erase(ps.buffered.begin());
+    } else
       ps.outstanding.emplace(m, op);
     moved = true;
   }
@@ -564,10 +628,11 @@ bool P2p::flush_verdicts(int peer, PeerState& ps) {
   return wrote;
 }
 
-void P2p::deliver_matched(int peer, const OpPtr& op) {
+void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_payload) {
   const Header& h = op->hdr;
   const auto sdt = static_cast<DataType>(h.flags & kP2pDtypeMask);
-  const bool inline_msg = (h.flags & kP2pInline) != 0;
+  const bool outbox_msg = (h.flags & kP2pOutbox) != 0;
+  const bool inline_msg = (h.flags & kP2pInline) != 0 || outbox_msg;
   if (h.count != op->count || sdt != op->dtype) {
     auto err = std::make_exception_ptr(MismatchError(
         fmt::format("rank {}: {} does not match rank {}'s send(count={}, {}) (message #{})",
@@ -578,7 +643,12 @@ void P2p::deliver_matched(int peer, const OpPtr& op) {
     return;
   }
   if (inline_msg) {
-    if (op->bytes) std::memcpy(op->buf, h.data, op->bytes);
+    if (op->bytes)
+      std::memcpy(op->buf,
+                  !outbox_msg      ? reinterpret_cast<const std::byte*>(h.data)
+                  : outbox_payload ? outbox_payload
+                                   : h.payload.data(),
+                  op->bytes);
     finish(op, nullptr);  // no verdict: the send completed when it was posted
     return;
   }
@@ -625,8 +695,41 @@ bool P2p::progress_recv(int peer, PeerState& ps) {
       std::memcpy(h.data, e.inline_data, kP2pInlineBytes);
     else
       std::memcpy(&h.addr, e.inline_data, sizeof h.addr);
-    ps.unmatched.emplace(h.msg, h);
     moved = true;
+    if (h.flags & kP2pOutbox) {
+      // The payload must leave the sender's outbox before headers_read
+      // passes this message: straight into the recv it matches when one is
+      // posted (the first with its tag; none can be waiting for an earlier
+      // message with it, or that message would have matched already), else
+      // into the unmatched list.
+      const auto dt = static_cast<DataType>(h.flags & kP2pDtypeMask);
+      const std::uint64_t bytes =
+          static_cast<unsigned>(dt) < kNumDataTypes ? h.count * datatype_size(dt) : 0;
+      if (h.addr + bytes > kP2pOutboxBytes || bytes > kP2pEagerBytes) {
+        // Not a header this implementation writes: treat it as garbage sent
+        // by a broken peer rather than read outside its outbox.
+        c_.fail(PeerFailureError(fmt::format(
+            "rank {}: message #{} from rank {} claims {} bytes at offset {} of its outbox "
+            "({} bytes)",
+            c_.rank, h.msg, peer, bytes, h.addr, kP2pOutboxBytes)));
+      }
+      const std::byte* src = outbox(peer) + h.addr;
+      const bool earlier = std::any_of(ps.unmatched.begin(), ps.unmatched.end(),
+                                       [&](const auto& kv) { return kv.second.tag == h.tag; });
+      auto r = earlier ? ps.recvs.end()
+                       : std::find_if(ps.recvs.begin(), ps.recvs.end(),
+                                      [&](const OpPtr& o) { return o->tag == h.tag; });
+      if (r != ps.recvs.end()) {
+        OpPtr op = *r;
+        ps.recvs.erase(r);
+        op->hdr = std::move(h);
+        op->deadline = c_.deadline();
+        deliver_matched(peer, op, src);
+        continue;
+      }
+      h.payload.assign(src, src + bytes);
+    }
+    ps.unmatched.emplace(h.msg, std::move(h));
   }
   if (moved) {
     // The entries are free again. A sender waiting for one watches
@@ -644,7 +747,7 @@ bool P2p::progress_recv(int peer, PeerState& ps) {
       ++it;
       continue;
     }
-    op->hdr = m->second;
+    op->hdr = std::move(m->second);
     ps.unmatched.erase(m);
     it = ps.recvs.erase(it);
     op->deadline = c_.deadline();

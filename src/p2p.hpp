@@ -66,7 +66,9 @@ class P2p {
   bool progress_staging();
   /// A recv matched its message: mismatch, inline, single copy, or queued
   /// for the staging slots.
-  void deliver_matched(int peer, const OpPtr& op);
+  /// An outbox message matched at scan time passes `outbox_payload` (still
+  /// in the sender's outbox); otherwise its copy in op->hdr is used.
+  void deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_payload = nullptr);
   /// Publishes the verdict on `op`'s message (queued while the sender has
   /// not read kP2pVerdicts earlier ones). `op` completes with `error` now
   /// (complete_now) or once the verdict is published.
@@ -103,6 +105,11 @@ class P2p {
   P2pInbox& inbox(int r);
   P2pChannel& channel(int from, int to);
   std::byte* stage_slot(int receiver, std::uint64_t slice);
+  std::byte* outbox(int sender);
+  /// Room for `bytes` of eager payload in our outbox for message `msg` to
+  /// `peer`: its offset, or -1 when the outbox is full (the message then
+  /// goes by rendezvous). Frees first what the receivers have copied out.
+  std::int64_t outbox_reserve(int peer, std::uint64_t msg, std::uint64_t bytes);
   std::string describe(const Op& op) const;
 
   Communicator::Impl& c_;
@@ -120,6 +127,15 @@ class P2p {
   // the recv whose message streams now, then those waiting.
   std::deque<OpPtr> stage_queue_;
   std::uint64_t stage_base_ = 0;  // channel(sender, me).recv.drained at activation
+  // Our outbox as a byte ring: [out_tail_, out_head_) in use (offsets grow
+  // forever; the place is offset mod kP2pOutboxBytes). Each use is freed once
+  // its receiver's headers_read passes its message, in order.
+  struct OutboxUse {
+    int peer;
+    std::uint64_t msg, end;
+  };
+  std::deque<OutboxUse> out_uses_;
+  std::uint64_t out_head_ = 0, out_tail_ = 0;
   bool stop_ = false;
   int sleepers_ = 0;  // threads between unlock and re-lock around a doorbell wait
   std::size_t requests_pending_ = 0;

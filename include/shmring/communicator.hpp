@@ -247,10 +247,12 @@ class SHMRING_API Communicator {
 
   /// Sends `count` elements of `dtype` to `peer` (!= rank()). May return
   /// before the receiver has posted its recv (small messages are buffered).
-  /// Messages up to 40 bytes are buffered (up to 8 per pair not yet seen by
-  /// the receiver): send returns at once, and a mismatch the receiver finds
-  /// is thrown by the next send to that peer. Larger ones return once the
-  /// receiver has taken the data. Thread-safe: several threads may send and
+  /// Messages up to 16 KiB are buffered when there is room (up to 8 per
+  /// pair not yet seen by the receiver; up to 40 bytes in the message
+  /// header, larger ones in this rank's 64 KiB outbox in the segment): send
+  /// returns at once, and a mismatch the receiver finds is thrown by the
+  /// next send to that peer. Larger ones, and buffered sizes when the
+  /// outbox is full, return once the receiver has taken the data. Thread-safe: several threads may send and
   /// receive on one communicator at once. PeerFailureError, TimeoutError
   /// (SHMRING_TIMEOUT), AbortedError as collectives.
   void send(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);

@@ -1196,8 +1196,9 @@ rank's block of `send`. Returns `out`.
            py::kw_only(), py::arg("async_op") = false, R"doc(
 Sends `buffer` (read only, zero copy) to rank `peer` (!= rank) with `tag`
 (>= 0). Only the two ranks take part; messages of one (sender, receiver,
-tag) arrive in order. Small messages (<= 40 bytes) are buffered: send
-returns at once; larger ones return when the receiver has taken them.
+tag) arrive in order. Messages up to 16 KiB are buffered while the
+sender's outbox in the segment has room: send returns at once; larger ones
+return when the receiver has taken them.
 Raises InvalidArgumentError (bad peer or tag), MismatchError (the matching
 recv has another element count or datatype: raised on both ranks; for a
 buffered message, by the next send to that peer), PeerFailureError,

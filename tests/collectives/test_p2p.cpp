@@ -66,9 +66,10 @@ bool throws_as(F&& f, std::string* what = nullptr) {
   return false;
 }
 
-// Counts that take every path: inline (<= 24 B), staged (< 64 KiB), single
-// copy or staged in many slices (2^20+3 int64 = 8 MiB + 24 B).
-const std::size_t kCounts[] = {0, 1, 3, 4, 100, 4096, 8195, (1u << 20) + 3};
+// Counts that take every path: inline (<= 40 B), outbox (<= 16 KiB: 100,
+// 1000, 2048), staged (2049, 4096), single copy or staged in many slices
+// (8195, 2^20+3 int64 = 8 MiB + 24 B).
+const std::size_t kCounts[] = {0, 1, 3, 4, 5, 6, 100, 1000, 2048, 2049, 4096, 8195, (1u << 20) + 3};
 
 void ring_exchange(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();
@@ -233,6 +234,49 @@ TEST_CASE("tags interleaved with single-copy reads off: staged messages taken ou
   unsetenv("SHMRING_CMA");
 }
 
+TEST_CASE("more eager messages than the outbox holds, none received yet: some go rendezvous") {
+  // 40 isends of 12 KB (outbox: 64 KiB, 8 header entries per pair) before
+  // the receiver posts anything; it then takes the tags in reverse order
+  // (every payload copied out of the outbox unmatched), then in order.
+  for (bool reverse : {true, false}) {
+    CAPTURE(reverse);
+    CHECK(test::all_zero(test::run_ranks(2, [reverse](Communicator& comm) {
+      const int r = comm.rank(), p = 1 - r;
+      constexpr int kMsgs = 40;
+      constexpr std::size_t kCount = 1500;
+      if (r == 0) {
+        std::vector<std::vector<std::int64_t>> bufs;
+        std::vector<Request> reqs;
+        for (int t = 0; t < kMsgs; ++t) {
+          bufs.push_back(message(r, p, t, kCount));
+          reqs.push_back(comm.isend(bufs.back().data(), kCount, DataType::int64, p, t));
+        }
+        // Eager sends complete at once, and their buffers may be reused;
+        // the others need theirs until they complete.
+        int completed = 0;
+        for (int t = 0; t < kMsgs; ++t)
+          if (reqs[t].test()) {
+            std::fill(bufs[t].begin(), bufs[t].end(), -7);
+            ++completed;
+          }
+        SHMRING_CHILD_CHECK(completed >= 2 && completed < kMsgs,
+                            "%d of %d sends complete before any recv: expected some eager, "
+                            "some waiting",
+                            completed, kMsgs);
+        for (auto& q : reqs) q.wait();
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        for (int k = 0; k < kMsgs; ++k) {
+          const int t = reverse ? kMsgs - 1 - k : k;
+          std::vector<std::int64_t> in(kCount, -1);
+          comm.recv(in.data(), kCount, DataType::int64, p, t);
+          expect(in, p, r, t);
+        }
+      }
+    })));
+  }
+}
+
 TEST_CASE("100k small messages ping-ponged between a pair, in order") {
   CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank(), p = 1 - r;
@@ -370,8 +414,9 @@ TEST_CASE("batch_isend_irecv pattern: every rank isends then irecvs both neighbo
 TEST_CASE("count or datatype mismatch is MismatchError on both ranks, naming both values") {
   CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank(), p = 1 - r;
-    // Staged (800 B) and single-copy (800 KiB) sends: the sender learns it in its send.
-    for (std::size_t count : {std::size_t{100}, std::size_t{100000}}) {
+    // Staged (16.8 KB, above kP2pEagerBytes) and single-copy (800 KB) sends:
+    // the sender learns it in its send.
+    for (std::size_t count : {std::size_t{2100}, std::size_t{100000}}) {
       std::vector<std::int64_t> buf(count + 1, 7);
       std::string what;
       if (r == 0) {
@@ -404,19 +449,28 @@ TEST_CASE("count or datatype mismatch is MismatchError on both ranks, naming bot
           what.find("float64") != std::string::npos && what.find("int64") != std::string::npos,
           "message lacks both datatypes: %s", what.c_str());
     }
-    // An inline send has returned before the receiver saw it: the sender's
-    // next send to that peer throws.
-    std::int64_t x = 1, y[2] = {0, 0};
-    if (r == 0) {
-      comm.send(&x, 1, DataType::int64, p, 1);
-      comm.recv(y, 1, DataType::int64, p, 2);  // rank 1 replies after its failure
-      SHMRING_CHILD_CHECK(
-          throws_as<MismatchError>([&] { comm.send(&x, 1, DataType::int64, p, 1); }),
-          "inline mismatch never reached the sender");
-    } else {
-      SHMRING_CHILD_CHECK(throws_as<MismatchError>([&] { comm.recv(y, 2, DataType::int64, p, 1); }),
-                          "inline mismatch: receiver did not throw");
-      comm.send(&x, 1, DataType::int64, p, 2);
+    // An inline (8 B) or outbox (800 B) send has returned before the
+    // receiver saw it: the sender's next send to that peer throws, naming
+    // both counts.
+    for (std::size_t count : {std::size_t{1}, std::size_t{100}}) {
+      std::vector<std::int64_t> x(count, 1), y(count + 1, 0);
+      std::string what;
+      if (r == 0) {
+        comm.send(x.data(), count, DataType::int64, p, 1);
+        comm.recv(y.data(), 1, DataType::int64, p, 2);  // rank 1 replies after its failure
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>([&] { comm.send(x.data(), 1, DataType::int64, p, 1); }, &what),
+            "buffered mismatch (count %zu) never reached the sender", count);
+      } else {
+        SHMRING_CHILD_CHECK(
+            throws_as<MismatchError>([&] { comm.recv(y.data(), count + 1, DataType::int64, p, 1); },
+                                     &what),
+            "buffered mismatch (count %zu): receiver did not throw", count);
+        comm.send(x.data(), 1, DataType::int64, p, 2);
+      }
+      SHMRING_CHILD_CHECK(what.find(std::to_string(count)) != std::string::npos &&
+                              what.find(std::to_string(count + 1)) != std::string::npos,
+                          "message lacks both counts: %s", what.c_str());
     }
     // The pair still works afterwards.
     auto out = message(r, p, 3, 5000);

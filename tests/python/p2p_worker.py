@@ -65,15 +65,33 @@ def scenario_errors(comm):
         raise AssertionError("a strided buffer was accepted")
     except shmring.InvalidArgumentError:
         pass
-    # float32 against int32: both ranks raise MismatchError naming both.
+    # float32 against int32, 20 KB (above the eager limit: the send waits for
+    # the receiver): both ranks raise MismatchError naming both.
     try:
         if rank == 0:
-            comm.send(np.zeros(100, np.float32), peer, 4)
+            comm.send(np.zeros(5000, np.float32), peer, 4)
         else:
-            comm.recv(np.zeros(100, np.int32), peer, 4)
+            comm.recv(np.zeros(5000, np.int32), peer, 4)
         raise AssertionError("mismatch not raised")
     except shmring.MismatchError as e:
         check("float32" in str(e) and "int32" in str(e), str(e))
+    # 400 B goes eager: the send returns before the receiver sees it, and the
+    # sender's next send to that peer raises the mismatch.
+    if rank == 0:
+        comm.send(np.zeros(100, np.float32), peer, 6)
+        comm.recv(np.zeros(1, np.int64), peer, 7)  # the receiver has failed by now
+        try:
+            comm.send(np.zeros(1, np.int64), peer, 6)
+            raise AssertionError("buffered mismatch not raised at the next send")
+        except shmring.MismatchError as e:
+            check("float32" in str(e) and "int32" in str(e), str(e))
+    else:
+        try:
+            comm.recv(np.zeros(100, np.int32), peer, 6)
+            raise AssertionError("mismatch not raised")
+        except shmring.MismatchError as e:
+            check("float32" in str(e) and "int32" in str(e), str(e))
+        comm.send(np.zeros(1, np.int64), peer, 7)
     # Still usable.
     out = message(rank, peer, 5, 10)
     r = comm.send(out, peer, 5, async_op=True)
