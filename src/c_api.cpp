@@ -22,6 +22,7 @@ struct shmring_request {
   shmring::Request request;
   shmring_comm_t comm;
   std::weak_ptr<int> comm_alive;
+  bool reported = false;  // shmring_test returned its result
 };
 
 namespace {
@@ -413,12 +414,18 @@ shmring_result_t shmring_test(shmring_request_t* req, int* done) {
   *done = 1;
   shmring_result_t result = finish(r, [&] { *done = r->request.test() ? 1 : 0; });
   if (result == SHMRING_ERR_INVALID_ARGUMENT) *done = 0;
+  if (*done) r->reported = true;
   return result;
 }
 
 shmring_result_t shmring_request_free(shmring_request_t req) {
-  delete req;  // ~Request waits for a pending collective
-  return SHMRING_SUCCESS;
+  if (req == nullptr) return SHMRING_SUCCESS;
+  // A pending request is waited for first; its result is returned unless
+  // shmring_test returned it already, so that no error is dropped.
+  shmring_result_t result =
+      req->reported ? SHMRING_SUCCESS : finish(req, [&] { req->request.wait(); });
+  delete req;
+  return result;
 }
 
 // ---- Point-to-point (p2p.cpp). ----

@@ -209,7 +209,9 @@ SHMRING_C_API shmring_result_t shmring_wait(shmring_request_t* req);
  * collective's; the request stays allocated: free it), else 0 and
  * SHMRING_SUCCESS. */
 SHMRING_C_API shmring_result_t shmring_test(shmring_request_t* req, int* done);
-/* Frees a request (NULL is accepted); a pending one is waited for first. */
+/* Frees a request (NULL is accepted); a pending one is waited for first.
+ * Returns the collective's result unless shmring_test returned it already
+ * (SHMRING_SUCCESS then), so that an error is never dropped. */
 SHMRING_C_API shmring_result_t shmring_request_free(shmring_request_t req);
 /* MPI_Comm_split: ranks passing the same color (>= 0) form *newcomm,
  * ordered by (key, rank). */
