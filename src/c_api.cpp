@@ -186,7 +186,11 @@ shmring_result_t shmring_barrier(shmring_comm_t comm) {
 shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
                                     shmring_comm_t* newcomm) {
   SHMRING_REQUIRE_COMM(comm);
-  if (newcomm == nullptr) return null_output(comm, __func__, "newcomm");
+  // split is collective: refused as a collective's NULL req is (start()).
+  if (newcomm == nullptr)
+    return guarded(comm, [&] {
+      comm->comm.reject_call("split", "newcomm is NULL: expected a pointer to write to");
+    });
   *newcomm = nullptr;
   return guarded(comm, [&] { *newcomm = new shmring_comm{comm->comm.split(color, key), {}}; });
 }

@@ -1,10 +1,11 @@
 /* NULL arguments of the C API's collectives, compiled as C99, on 3 forked
  * ranks: a NULL count or displacement array of a v-collective (blocking and
  * non-blocking) is SHMRING_ERR_INVALID_ARGUMENT naming the array and its
- * expected length; a NULL `req` of an i-collective is refused likewise. Made
- * on one rank only, the peers' matching call fails at once with
- * SHMRING_ERR_MISMATCH naming that rank, instead of a wait until
- * SHMRING_TIMEOUT. Exit status 0 means every check passed. */
+ * expected length; a NULL `req` of an i-collective, or `newcomm` of
+ * shmring_comm_split, is refused likewise. Made on one rank only, the
+ * peers' matching call fails at once with SHMRING_ERR_MISMATCH naming that
+ * rank, instead of a wait until SHMRING_TIMEOUT. Exit status 0 means every
+ * check passed. */
 #define _POSIX_C_SOURCE 200809L
 #include <shmring/shmring.h>
 #include <stdint.h>
@@ -138,11 +139,26 @@ static void run_one_null_req(int rank, const char* job) {
   CHECK_OK(shmring_comm_destroy(comm));
 }
 
+/* Only rank kBad passes a NULL newcomm to shmring_comm_split. */
+static void run_one_null_split(int rank, const char* job) {
+  shmring_comm_t comm = NULL, half = NULL;
+  CHECK_OK(shmring_comm_init(&comm, rank, kRanks, job));
+  if (rank == kBad) {
+    CHECK(shmring_comm_split(comm, 0, rank, NULL) == SHMRING_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(shmring_get_last_error(comm), "newcomm is NULL") != NULL);
+  } else {
+    check_peer_told(comm, shmring_comm_split(comm, 0, rank, &half));
+    CHECK(half == NULL);
+  }
+  CHECK_OK(shmring_comm_destroy(comm));
+}
+
 int main(void) {
   int failed = run_forked_ranks(kRanks, "c-null-all", run_all_null);
   failed |= run_forked_ranks(kRanks, "c-null-one", run_one_null);
   failed |= run_forked_ranks(kRanks, "c-null-one-nb", run_one_null_nb);
   failed |= run_forked_ranks(kRanks, "c-null-req", run_one_null_req);
+  failed |= run_forked_ranks(kRanks, "c-null-split", run_one_null_split);
   if (!failed) printf("C API, NULL arguments: all checks passed on %d ranks\n", kRanks);
   return failed;
 }
