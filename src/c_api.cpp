@@ -22,6 +22,7 @@ struct shmring_request {
   shmring::Request request;
   shmring_comm_t comm;
   std::weak_ptr<int> comm_alive;
+  bool reported = false;  // shmring_test returned its result
 };
 
 namespace {
@@ -69,14 +70,26 @@ shmring::ReduceOp op(shmring_reduce_op_t o) {
 }
 
 // Runs an i-call: *req gets the request, or NULL when the call fails.
+// Point-to-point calls use it as it is (they are not in the collective order).
 template <class F>
-shmring_result_t start(shmring_comm_t comm, shmring_request_t* req, const char* fn, F&& f) {
+shmring_result_t start_p2p(shmring_comm_t comm, shmring_request_t* req, const char* fn, F&& f) {
   if (req == nullptr) return null_output(comm, fn, "req");
   *req = nullptr;
   return guarded(comm, [&] {
     auto* r = new shmring_request{f(), comm, comm->alive};
     *req = r;
   });
+}
+
+// A collective's i-call: as start_p2p, but a NULL req is refused through
+// reject_call, so that the peers' matching call fails at once instead of
+// waiting until SHMRING_TIMEOUT for a call this rank never makes.
+template <class F>
+shmring_result_t start(shmring_comm_t comm, shmring_request_t* req, const char* fn, F&& f) {
+  if (req == nullptr)
+    return guarded(
+        comm, [&] { comm->comm.reject_call(fn, "req is NULL: expected a pointer to write to"); });
+  return start_p2p(comm, req, fn, std::forward<F>(f));
 }
 
 // The result of a completed (or failing) request, recorded as last error.
@@ -173,7 +186,11 @@ shmring_result_t shmring_barrier(shmring_comm_t comm) {
 shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
                                     shmring_comm_t* newcomm) {
   SHMRING_REQUIRE_COMM(comm);
-  if (newcomm == nullptr) return null_output(comm, __func__, "newcomm");
+  // split is collective: refused as a collective's NULL req is (start()).
+  if (newcomm == nullptr)
+    return guarded(comm, [&] {
+      comm->comm.reject_call("split", "newcomm is NULL: expected a pointer to write to");
+    });
   *newcomm = nullptr;
   return guarded(comm, [&] { *newcomm = new shmring_comm{comm->comm.split(color, key), {}}; });
 }
@@ -243,11 +260,17 @@ shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req) {
 }  // extern "C"
 
 namespace {
-// A C array of size() entries as a span; NULL gives an empty span, which
-// the front refuses (InvalidArgumentError, published to the peers).
-std::span<const std::size_t> entries(shmring_comm_t comm, const size_t* a) {
-  if (a == nullptr) return {};
-  return {a, static_cast<std::size_t>(comm->comm.size())};
+// A C array of size() entries as a span. NULL is refused here, where it is
+// still known to be NULL (the front sees only a span, and an empty one means
+// "wrong length"), through reject_call, so that the peers' matching call
+// fails at once as it does for the front's own argument errors.
+std::span<const std::size_t> entries(shmring_comm_t comm, const char* collective, const char* name,
+                                     const size_t* a) {
+  const auto n = static_cast<std::size_t>(comm->comm.size());
+  if (a == nullptr)
+    comm->comm.reject_call(collective, std::string(name) + " is NULL; expected an array of " +
+                                           std::to_string(n) + " entries");
+  return {a, n};
 }
 }  // namespace
 
@@ -265,8 +288,12 @@ shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
                                    shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
   return guarded(comm, [&] {
-    comm->comm.alltoallv(send, entries(comm, send_counts), entries(comm, send_displs), recv,
-                         entries(comm, recv_counts), entries(comm, recv_displs), dt(dtype));
+    const char* what = "alltoallv";
+    auto sc = entries(comm, what, "send_counts", send_counts);
+    auto sd = entries(comm, what, "send_displs", send_displs);
+    auto rc = entries(comm, what, "recv_counts", recv_counts);
+    auto rd = entries(comm, what, "recv_displs", recv_displs);
+    comm->comm.alltoallv(send, sc, sd, recv, rc, rd, dt(dtype));
   });
 }
 
@@ -287,8 +314,9 @@ shmring_result_t shmring_allgatherv(const void* send, size_t send_count, void* r
                                     shmring_datatype_t dtype, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
   return guarded(comm, [&] {
-    comm->comm.allgatherv(send, send_count, recv, entries(comm, recv_counts), entries(comm, displs),
-                          dt(dtype));
+    auto rc = entries(comm, "allgatherv", "recv_counts", recv_counts);
+    auto d = entries(comm, "allgatherv", "displs", displs);
+    comm->comm.allgatherv(send, send_count, recv, rc, d, dt(dtype));
   });
 }
 
@@ -297,7 +325,9 @@ shmring_result_t shmring_reduce_scatter_v(const void* send, void* recv, const si
                                           shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
   return guarded(comm, [&] {
-    comm->comm.reduce_scatter_v(send, recv, entries(comm, recv_counts), dt(dtype), op(o));
+    comm->comm.reduce_scatter_v(send, recv,
+                                entries(comm, "reduce_scatter_v", "recv_counts", recv_counts),
+                                dt(dtype), op(o));
   });
 }
 
@@ -316,8 +346,12 @@ shmring_result_t shmring_ialltoallv(const void* send, const size_t* send_counts,
                                     shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
   return start(comm, req, __func__, [&] {
-    return comm->comm.ialltoallv(send, entries(comm, send_counts), entries(comm, send_displs), recv,
-                                 entries(comm, recv_counts), entries(comm, recv_displs), dt(dtype));
+    const char* what = "alltoallv";
+    auto sc = entries(comm, what, "send_counts", send_counts);
+    auto sd = entries(comm, what, "send_displs", send_displs);
+    auto rc = entries(comm, what, "recv_counts", recv_counts);
+    auto rd = entries(comm, what, "recv_displs", recv_displs);
+    return comm->comm.ialltoallv(send, sc, sd, recv, rc, rd, dt(dtype));
   });
 }
 
@@ -343,8 +377,9 @@ shmring_result_t shmring_iallgatherv(const void* send, size_t send_count, void* 
                                      shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
   return start(comm, req, __func__, [&] {
-    return comm->comm.iallgatherv(send, send_count, recv, entries(comm, recv_counts),
-                                  entries(comm, displs), dt(dtype));
+    auto rc = entries(comm, "allgatherv", "recv_counts", recv_counts);
+    auto d = entries(comm, "allgatherv", "displs", displs);
+    return comm->comm.iallgatherv(send, send_count, recv, rc, d, dt(dtype));
   });
 }
 
@@ -353,7 +388,9 @@ shmring_result_t shmring_ireduce_scatter_v(const void* send, void* recv, const s
                                            shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
   return start(comm, req, __func__, [&] {
-    return comm->comm.ireduce_scatter_v(send, recv, entries(comm, recv_counts), dt(dtype), op(o));
+    return comm->comm.ireduce_scatter_v(
+        send, recv, entries(comm, "reduce_scatter_v", "recv_counts", recv_counts), dt(dtype),
+        op(o));
   });
 }
 
@@ -381,12 +418,18 @@ shmring_result_t shmring_test(shmring_request_t* req, int* done) {
   *done = 1;
   shmring_result_t result = finish(r, [&] { *done = r->request.test() ? 1 : 0; });
   if (result == SHMRING_ERR_INVALID_ARGUMENT) *done = 0;
+  if (*done) r->reported = true;
   return result;
 }
 
 shmring_result_t shmring_request_free(shmring_request_t req) {
-  delete req;  // ~Request waits for a pending collective
-  return SHMRING_SUCCESS;
+  if (req == nullptr) return SHMRING_SUCCESS;
+  // A pending request is waited for first; its result is returned unless
+  // shmring_test returned it already, so that no error is dropped.
+  shmring_result_t result =
+      req->reported ? SHMRING_SUCCESS : finish(req, [&] { req->request.wait(); });
+  delete req;
+  return result;
 }
 
 // ---- Point-to-point (p2p.cpp). ----
@@ -406,15 +449,15 @@ shmring_result_t shmring_recv(void* buffer, size_t count, shmring_datatype_t dty
 shmring_result_t shmring_isend(const void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                                int tag, shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
-  return start(comm, req, __func__,
-               [&] { return comm->comm.isend(buffer, count, dt(dtype), peer, tag); });
+  return start_p2p(comm, req, __func__,
+                   [&] { return comm->comm.isend(buffer, count, dt(dtype), peer, tag); });
 }
 
 shmring_result_t shmring_irecv(void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                                int tag, shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
-  return start(comm, req, __func__,
-               [&] { return comm->comm.irecv(buffer, count, dt(dtype), peer, tag); });
+  return start_p2p(comm, req, __func__,
+                   [&] { return comm->comm.irecv(buffer, count, dt(dtype), peer, tag); });
 }
 
 const char* shmring_get_error_string(shmring_result_t result) {

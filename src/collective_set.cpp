@@ -171,22 +171,33 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
   return o;
 }
 
+// The checks gather and scatter share. `one` is the block of `count`
+// elements every rank has (gather's send, scatter's recv); `all` the root's
+// size() blocks (gather's recv, scatter's send), where the root's own block
+// may be `one` itself (`in_place_rule`). `lanes`: of the staged rounds.
+void check_rooted(Communicator::Impl& c, const char* what, std::size_t count, DataType dtype,
+                  int root, const char* one_name, const void* one, const char* all_name,
+                  const void* all, const char* in_place_rule, int lanes) {
+  check_dtype(c, what, dtype);
+  check_root(c, what, root);
+  const std::size_t bytes = checked_bytes(c, what, count, dtype, 1);
+  const std::size_t all_bytes =
+      checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
+  check_pointer(c, what, one_name, one, bytes);
+  if (c.rank == root) {
+    check_pointer(c, what, all_name, all, all_bytes);
+    check_disjoint(c, what, all, all_bytes, one, bytes,
+                   static_cast<const std::byte*>(all) + static_cast<std::size_t>(root) * bytes,
+                   in_place_rule);
+  }
+  check_lane(c, what, lanes, 0);
+}
+
 Op make_gather(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                DataType dtype, int root) {
-  const char* what = "gather";
   validated(c, [&] {
-    check_dtype(c, what, dtype);
-    check_root(c, what, root);
-    const std::size_t bytes = checked_bytes(c, what, count, dtype, 1);
-    const std::size_t all = checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
-    check_pointer(c, what, "send", send, bytes);
-    if (c.rank == root) {
-      check_pointer(c, what, "recv (at the root)", recv, all);
-      check_disjoint(c, what, recv, all, send, bytes,
-                     static_cast<const std::byte*>(recv) + static_cast<std::size_t>(root) * bytes,
-                     "send == recv + root * count");
-    }
-    check_lane(c, what, 1, 0);
+    check_rooted(c, "gather", count, dtype, root, "send", send, "recv (at the root)", recv,
+                 "send == recv + root * count", 1);
   });
   return {
       {CollectiveKind::gather, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
@@ -194,20 +205,9 @@ Op make_gather(Communicator::Impl& c, const void* send, void* recv, std::size_t 
 
 Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                 DataType dtype, int root) {
-  const char* what = "scatter";
   validated(c, [&] {
-    check_dtype(c, what, dtype);
-    check_root(c, what, root);
-    const std::size_t bytes = checked_bytes(c, what, count, dtype, 1);
-    const std::size_t all = checked_bytes(c, what, count, dtype, static_cast<std::size_t>(c.size));
-    check_pointer(c, what, "recv", recv, bytes);
-    if (c.rank == root) {
-      check_pointer(c, what, "send (at the root)", send, all);
-      check_disjoint(c, what, send, all, recv, bytes,
-                     static_cast<const std::byte*>(send) + static_cast<std::size_t>(root) * bytes,
-                     "recv == send + root * count");
-    }
-    check_lane(c, what, c.size - 1, 0);
+    check_rooted(c, "scatter", count, dtype, root, "recv", recv, "send (at the root)", send,
+                 "recv == send + root * count", c.size - 1);
   });
   return {
       {CollectiveKind::scatter, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};

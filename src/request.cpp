@@ -45,6 +45,7 @@ void RequestState::complete(std::exception_ptr e) {
     done_flag.store(true, std::memory_order_release);
     cb = std::move(callback);
     callback = nullptr;
+    if (cb) seen.store(true, std::memory_order_relaxed);  // the callback gets the error
   }
   cv.notify_all();
   if (cb) {
@@ -67,7 +68,7 @@ namespace {
 }
 }  // namespace
 
-bool RequestState::wait_until_done(double timeout_s) {
+bool RequestState::wait_until_done(double timeout_s, bool mark) {
   if (fork_gen != fork_generation()) throw_inherited();
   if (timeout_s < 0 && help && !done_flag.load(std::memory_order_acquire)) help();
   // Poll first (bounded by the policy and by the timeout).
@@ -92,6 +93,7 @@ bool RequestState::wait_until_done(double timeout_s) {
                 [&] { return done; });
   }
   if (!done) return false;
+  if (mark) seen.store(true, std::memory_order_relaxed);
   if (error) std::rethrow_exception(error);
   return true;
 }
@@ -100,6 +102,7 @@ bool RequestState::done_or_throw() {
   if (fork_gen != fork_generation()) throw_inherited();
   std::lock_guard lock(mutex);
   if (!done) return false;
+  seen.store(true, std::memory_order_relaxed);
   if (error) std::rethrow_exception(error);
   return true;
 }
@@ -111,7 +114,9 @@ Request::Request() noexcept = default;
 Request::Request(std::shared_ptr<detail::RequestState> state) noexcept : state_(std::move(state)) {}
 
 namespace {
-// Waits for `state` (errors swallowed), as destroying a pending Request does.
+// Waits for `state`, as destroying a pending Request does. A destructor
+// cannot throw, so an error no wait or test returned is logged (the
+// communicator keeps it too: its next call throws AbortedError quoting it).
 // In a forked child the parent's request is never waited for (it would never
 // complete here) and its state is left alone: its mutex may have been held
 // by a thread the child does not have.
@@ -122,7 +127,12 @@ void settle(std::shared_ptr<detail::RequestState>& state) noexcept {
     return;
   }
   try {
-    state->wait_until_done(-1);
+    state->wait_until_done(-1, /*mark=*/false);
+  } catch (const std::exception& e) {
+    // `seen` is written under the mutex before (or by a waiter after) done.
+    if (!state->seen.load(std::memory_order_relaxed))
+      SHMRING_LOG(warn, "a Request was destroyed before wait() and its collective failed: {}",
+                  e.what());
   } catch (...) {
   }
   state.reset();
@@ -165,7 +175,11 @@ void Request::on_complete(std::function<void(std::exception_ptr)> fn) {
       return;
     }
   }
-  std::exception_ptr e = state_ ? state_->error : nullptr;
+  std::exception_ptr e = nullptr;
+  if (state_) {
+    e = state_->error;
+    state_->seen.store(true, std::memory_order_relaxed);
+  }
   fn(e);
 }
 

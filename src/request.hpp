@@ -31,8 +31,9 @@ struct RequestState {
 
   /// Waits until complete or until `deadline_s` seconds passed (negative:
   /// forever); true when complete. Throws InvalidArgumentError in a forked
-  /// child for a request still pending in its parent.
-  bool wait_until_done(double timeout_s);
+  /// child for a request still pending in its parent. `mark`: set `seen`
+  /// when complete (not for the destructor's own wait).
+  bool wait_until_done(double timeout_s, bool mark = true);
   /// True once complete; rethrows the error then.
   bool done_or_throw();
 
@@ -41,6 +42,10 @@ struct RequestState {
   bool done = false;                   // under `mutex`
   std::atomic<bool> done_flag{false};  // the same, for polling without the mutex
   std::exception_ptr error;
+  /// Set once a wait or test has returned the completion (or thrown its
+  /// error) to a caller, or an on_complete callback was given it: destroying
+  /// the Request then has nothing to report.
+  std::atomic<bool> seen{false};
   std::function<void(std::exception_ptr)> callback;
   const unsigned fork_gen;  // fork_generation() at creation
   const std::int64_t spin_ns, yield_ns;

@@ -566,6 +566,48 @@ void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::
 
 }  // namespace
 
+namespace {
+
+// What rank q published for collective `coll`, as the eager checks read it
+// after an acquire of one of q's counters (the ordering of
+// Impl::check_descriptor). `is_coll`: the read was not torn and the entry
+// holds collective `coll` (else q is in another collective). The operator
+// is not read: gather and scatter have none (sum).
+struct PeerCall {
+  bool is_coll;
+  CollectiveDesc desc;
+};
+
+PeerCall read_peer_call(Communicator::Impl& c, int q, std::uint64_t coll) {
+  auto& desc = c.area(q).desc[coll % detail::kDescRing];
+  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+  const CollectiveDesc theirs{
+      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+      desc.count.load(std::memory_order_relaxed),
+      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+      ReduceOp::sum,
+      desc.root.load(std::memory_order_relaxed),
+      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
+  return {!torn && seq == coll + 1, theirs};
+}
+
+// Kind, count, datatype, root and algorithm agree (no operator to compare).
+bool same_eager_call(const PeerCall& p, const CollectiveDesc& mine) {
+  return p.is_coll && p.desc.kind == mine.kind && p.desc.count == mine.count &&
+         p.desc.dtype == mine.dtype && p.desc.root == mine.root &&
+         p.desc.algorithm == mine.algorithm;
+}
+
+// The peer's call as a mismatch message names it.
+std::string their_call(const Communicator::Impl& c, const PeerCall& p, std::uint64_t coll) {
+  return p.is_coll ? fmt::format("collective #{} {}", coll, c.describe(p.desc))
+                   : std::string("a different collective");
+}
+
+}  // namespace
+
 void Communicator::Impl::check_eager_scatter() {
   const std::uint64_t coll = eager_scatter_unchecked - 1;
   const CollectiveDesc mine = eager_scatter_desc;
@@ -573,29 +615,13 @@ void Communicator::Impl::check_eager_scatter() {
   for (int q = 0; q < size; ++q) {
     if (q == rank) continue;
     wait_counter(area(q).announced, coll + 1, q, "a rank to start a scatter");
-    auto& desc = area(q).desc[coll % detail::kDescRing];
-    const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-    const CollectiveDesc theirs{
-        static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-        desc.count.load(std::memory_order_relaxed),
-        static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-        ReduceOp::sum,
-        desc.root.load(std::memory_order_relaxed),
-        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
-    std::atomic_thread_fence(std::memory_order_acquire);
-    const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
-    if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
-        theirs.dtype == mine.dtype && theirs.root == mine.root &&
-        theirs.algorithm == mine.algorithm)
-      continue;
-    const std::string their_call = torn || seq != coll + 1
-                                       ? std::string("a different collective")
-                                       : fmt::format("collective #{} {}", coll, describe(theirs));
+    const PeerCall theirs = read_peer_call(*this, q, coll);
+    if (same_eager_call(theirs, mine)) continue;
     fail(MismatchError(fmt::format(
         "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a scatter "
         "root does not wait for the others) but rank {} called {}; every rank must call the same "
         "collectives in the same order with the same count, datatype and root",
-        rank, rank, coll, describe(mine), q, their_call)));
+        rank, rank, coll, describe(mine), q, their_call(*this, theirs, coll))));
   }
 }
 
@@ -607,33 +633,18 @@ void Communicator::Impl::check_eager_gather() {
   // Its root ends it only after checking every rank's descriptor; a root
   // that found a mismatch aborts the job, which this wait reports.
   wait_counter(area(root).done, coll + 1, root, "the root to finish a gather");
-  auto& desc = area(root).desc[coll % detail::kDescRing];
-  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-  const CollectiveDesc theirs{
-      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-      desc.count.load(std::memory_order_relaxed),
-      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-      ReduceOp::sum,
-      desc.root.load(std::memory_order_relaxed),
-      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
-  std::atomic_thread_fence(std::memory_order_acquire);
-  const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
-  if (!torn && seq == coll + 1 && theirs.kind == mine.kind && theirs.count == mine.count &&
-      theirs.dtype == mine.dtype && theirs.root == mine.root && theirs.algorithm == mine.algorithm)
-    return;
-  if (!torn && seq == coll + 1 && theirs.kind == CollectiveKind::invalid)
+  const PeerCall theirs = read_peer_call(*this, root, coll);
+  if (same_eager_call(theirs, mine)) return;
+  if (theirs.is_coll && theirs.desc.kind == CollectiveKind::invalid)
     fail(MismatchError(fmt::format(  // the words check_descriptor uses
         "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
         "(it refused its arguments; its own error says why)",
         rank, coll, describe(mine), root)));
-  const std::string their_call = torn || seq != coll + 1
-                                     ? std::string("a different collective")
-                                     : fmt::format("collective #{} {}", coll, describe(theirs));
   fail(MismatchError(fmt::format(
       "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a non-root "
       "gather rank does not wait for the root) but its root rank {} called {}; every rank must "
       "call the same collectives in the same order with the same count, datatype and root",
-      rank, rank, coll, describe(mine), root, their_call)));
+      rank, rank, coll, describe(mine), root, their_call(*this, theirs, coll))));
 }
 
 namespace algo {

@@ -41,8 +41,9 @@ struct RequestState;
 class SHMRING_API Request {
  public:
   Request() noexcept;
-  /// Waits for a pending request (errors are swallowed: call wait() to see
-  /// them).
+  /// Waits for a pending request. Cannot throw: an error no wait()/test()
+  /// has thrown is logged (WARN); the communicator is broken by it anyway, so
+  /// its next call throws AbortedError quoting it.
   ~Request();
   Request(Request&&) noexcept;
   /// Waits for the request this one held (as the destructor), then takes

@@ -118,7 +118,8 @@ SHMRING_C_API shmring_result_t shmring_barrier(shmring_comm_t comm);
  * `req`, which receives the request (NULL when the call itself fails, e.g.
  * SHMRING_ERR_INVALID_ARGUMENT). Every request must be finished with
  * shmring_wait, or with shmring_test reporting done then
- * shmring_request_free. */
+ * shmring_request_free. A NULL `req` is refused as by shmring_reject: the
+ * peers' matching call fails at once. */
 SHMRING_C_API shmring_result_t shmring_iallreduce(const void* send, void* recv, size_t count,
                                                   shmring_datatype_t dtype, shmring_reduce_op_t op,
                                                   shmring_comm_t comm, shmring_request_t* req);
@@ -139,7 +140,9 @@ SHMRING_C_API shmring_result_t shmring_ireduce(const void* send, void* recv, siz
 SHMRING_C_API shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req);
 /* Issue 14's collectives: the C++ API's alltoall, alltoallv, gather,
  * scatter, allgatherv, reduce_scatter_v, send and recv (same semantics;
- * counts and displacements in elements, arrays of size entries). */
+ * counts and displacements in elements, arrays of size entries). A NULL
+ * array is SHMRING_ERR_INVALID_ARGUMENT naming it; the peers' matching call
+ * fails at once with SHMRING_ERR_MISMATCH, as for shmring_reject. */
 SHMRING_C_API shmring_result_t shmring_alltoall(const void* send, void* recv, size_t count,
                                                 shmring_datatype_t dtype, shmring_comm_t comm);
 SHMRING_C_API shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
@@ -206,7 +209,9 @@ SHMRING_C_API shmring_result_t shmring_wait(shmring_request_t* req);
  * collective's; the request stays allocated: free it), else 0 and
  * SHMRING_SUCCESS. */
 SHMRING_C_API shmring_result_t shmring_test(shmring_request_t* req, int* done);
-/* Frees a request (NULL is accepted); a pending one is waited for first. */
+/* Frees a request (NULL is accepted); a pending one is waited for first.
+ * Returns the collective's result unless shmring_test returned it already
+ * (SHMRING_SUCCESS then), so that an error is never dropped. */
 SHMRING_C_API shmring_result_t shmring_request_free(shmring_request_t req);
 /* MPI_Comm_split: ranks passing the same color (>= 0) form *newcomm,
  * ordered by (key, rank). */

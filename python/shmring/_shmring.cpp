@@ -404,11 +404,22 @@ class PyRequest {
   PyRequest& operator=(const PyRequest&) = delete;
   ~PyRequest() {
     // A pending request must finish before its buffers are released; wait
-    // without the GIL so that other Python threads run meanwhile.
-    if (request_.valid()) {
+    // without the GIL so that other Python threads run meanwhile. A
+    // destructor cannot raise, yet an error that wait()/is_completed() never
+    // raised must not vanish: it becomes a RuntimeWarning (the communicator
+    // keeps it too: its next call raises AbortedError quoting it).
+    if (!request_.valid()) return;
+    std::exception_ptr error;
+    {
       py::gil_scoped_release release;
+      try {
+        request_.wait();
+      } catch (...) {
+        error = std::current_exception();
+      }
       request_ = Request();
     }
+    if (error && !error_raised_) warn_dropped(error);
   }
 
   bool wait(std::optional<double> timeout) {
@@ -420,6 +431,7 @@ class PyRequest {
       else
         request_.wait();
     } catch (...) {
+      error_raised_ = true;
       release_buffers();
       throw;
     }
@@ -432,6 +444,7 @@ class PyRequest {
     try {
       done = request_.test();
     } catch (...) {
+      error_raised_ = true;
       release_buffers();
       throw;
     }
@@ -444,9 +457,38 @@ class PyRequest {
  private:
   void release_buffers() { held_.views.clear(); }
 
+  // The warning of a Request dropped with an error nobody saw, named by its
+  // Python class; where warnings are errors, Python's "Exception ignored"
+  // report instead. Keeps an exception being raised meanwhile (the drop may
+  // happen while one unwinds).
+  static void warn_dropped(std::exception_ptr error) {
+    std::string what;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      // A started collective's request fails with InvalidArgumentError only
+      // in a forked child, for its parent's request: nothing failed there.
+      if (e.code() == ErrorCode::invalid_argument) return;
+      auto index = static_cast<unsigned>(e.code());
+      py::handle cls = index < std::size(g_errors.by_code) && g_errors.by_code[index]
+                           ? g_errors.by_code[index]
+                           : g_errors.base;
+      what = fmt::format("{}: {}", py::str(cls.attr("__name__")).cast<std::string>(), e.what());
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "an unknown error";
+    }
+    py::error_scope keep;
+    const std::string text = fmt::format(
+        "a shmring.Request was dropped before wait() and its collective failed: {}", what);
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) PyErr_WriteUnraisable(nullptr);
+  }
+
   Request request_;
   Held held_;
   py::object result_;
+  bool error_raised_ = false;  // wait() or is_completed() raised the error
 };
 
 // False while a collective's Python entry point (ranked()) runs the bindings'
@@ -1002,7 +1044,9 @@ PYBIND11_MODULE(_shmring, m) {
 A non-blocking collective started with async_op=True. It keeps the buffers
 alive until complete; do not touch them before. Errors of the collective
 (MismatchError, PeerFailureError, TimeoutError, AbortedError) are raised by
-wait() and is_completed(). Dropping a pending Request waits for it.
+wait() and is_completed(). Dropping a pending Request waits for it (GIL
+released); an error neither raised is then a RuntimeWarning, and the
+communicator's next call raises AbortedError quoting it.
 )doc")
       .def("wait", &PyRequest::wait, py::arg("timeout") = py::none(), R"doc(
 Blocks (GIL released) until the collective is complete and returns True, or

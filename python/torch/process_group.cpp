@@ -669,20 +669,15 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
   const void* send = in.buffer.data_ptr();
   void* recv = out.buffer.data_ptr();
   const DataType dtype = m.dtype;
-  // Without split sizes on either side (the even form), every rank calls
-  // alltoall. With split sizes, alltoallv, even when they happen to be
-  // equal: whether a rank's counts are all equal is its own view (a peer
-  // may send it equal blocks and others uneven ones), and all ranks must
-  // make the same call.
-  if (input_split_sizes.empty() && output_split_sizes.empty()) {
+  // Always alltoallv, with empty split sizes read as equal ones
+  // (split_counts): torch treats the two as the same call, so ranks may mix
+  // them, and no rule a rank can apply alone picks alltoall on every rank at
+  // once: even "all my counts are equal" is its own view (a peer may send it
+  // equal blocks and others uneven ones).
+  if (input_split_sizes.empty() && output_split_sizes.empty())
     TORCH_CHECK(output_buffer.numel() == input_buffer.numel(), "shmring backend: ", kOp,
                 ": the output has ", output_buffer.numel(), " elements but the input ",
                 input_buffer.numel(), "; without split sizes they must be equal");
-    const std::size_t count = layout.send_counts[0];
-    return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
-                  {in.buffer, out.buffer}, copy_back({out}),
-                  [=](Communicator& c) { return c.ialltoall(send, recv, count, dtype); });
-  }
   layout.send_displs = packed_displs(layout.send_counts);
   layout.recv_displs = packed_displs(layout.recv_counts);
   return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},

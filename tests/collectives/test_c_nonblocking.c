@@ -2,7 +2,8 @@
  * forked ranks against known values (distinct per rank and index),
  * shmring_test polling, shmring_wait freeing the request, argument errors
  * returned by the i-call (req NULL), and a mismatch returned by
- * shmring_wait on every rank. Exit status 0 means every check passed. */
+ * shmring_wait on every rank; shmring_request_free returns the error of a
+ * request nobody waited for. Exit status 0 means every check passed. */
 #define _POSIX_C_SOURCE 200809L
 #include <shmring/shmring.h>
 #include <stdint.h>
@@ -90,8 +91,30 @@ static void run_rank(int rank, const char* job) {
   CHECK_OK(shmring_comm_destroy(comm));
 }
 
+/* shmring_request_free without a wait: a success, a result shmring_test
+ * returned already, and a mismatch it must return (not drop). */
+static void run_free(int rank, const char* job) {
+  shmring_comm_t comm = NULL;
+  shmring_request_t req = NULL;
+  int32_t in[4], out[4];
+  int done = 0;
+  for (int i = 0; i < 4; ++i) in[i] = rank * 100 + i;
+  CHECK_OK(shmring_comm_init(&comm, rank, kRanks, job));
+  CHECK_OK(shmring_iallreduce(in, out, 4, SHMRING_INT32, SHMRING_SUM, comm, &req));
+  CHECK_OK(shmring_request_free(req));
+  for (int i = 0; i < 4; ++i) CHECK(out[i] == 100 * (0 + 1 + 2) + kRanks * i);
+  CHECK_OK(shmring_iallreduce(in, out, 4, SHMRING_INT32, SHMRING_SUM, comm, &req));
+  while (!done) CHECK_OK(shmring_test(&req, &done));
+  CHECK_OK(shmring_request_free(req));
+  CHECK_OK(shmring_iallreduce(in, out, rank == 0 ? 3 : 4, SHMRING_INT32, SHMRING_SUM, comm, &req));
+  CHECK(shmring_request_free(req) == SHMRING_ERR_MISMATCH);
+  CHECK(strstr(shmring_get_last_error(comm), "mismatch") != NULL);
+  CHECK_OK(shmring_comm_destroy(comm));
+}
+
 int main(void) {
   int failed = run_forked_ranks(kRanks, "c-nb", run_rank);
+  failed |= run_forked_ranks(kRanks, "c-nb-free", run_free);
   if (!failed) printf("C API, non-blocking: all checks passed on %d ranks\n", kRanks);
   return failed;
 }

@@ -5,9 +5,12 @@ check held (a failed check raises: non-zero exit, reason on stderr).
 """
 
 import gc
+import pathlib
 import sys
+import tempfile
 import threading
 import time
+import warnings
 
 import numpy as np
 
@@ -137,6 +140,65 @@ def scenario_gil(comm):
     if comm.rank == 0:
         check(len(ticks) >= 5, f"the other thread ran only {len(ticks)} times: GIL held")
     check(np.all(buf == 2), "values")
+
+
+def raised(cls, fn):
+    """The `cls` error fn() raises (AssertionError if none)."""
+    try:
+        fn()
+    except cls as e:
+        return e
+    raise AssertionError(f"no {cls.__name__}")
+
+
+def drop_and_catch(req):
+    """Drops `req` (its last reference) and returns the warnings that gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del req
+        gc.collect()
+    return [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def scenario_dropped_timeout(comm):
+    """Rank 0 drops a pending allreduce that rank 1 never joins: the drop
+    returns after SHMRING_TIMEOUT with a RuntimeWarning naming the
+    TimeoutError, and the next call raises AbortedError quoting it."""
+    done = pathlib.Path(tempfile.gettempdir()) / f"{sys.argv[4]}.dropped"  # the job id
+    if comm.rank == 1:
+        # Stays alive (a dead peer is another error) until rank 0 is done.
+        deadline = time.monotonic() + 120
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done.unlink(missing_ok=True)
+        return
+    try:
+        buf = np.ones(100, np.float32)
+        caught = drop_and_catch(comm.allreduce(buf, async_op=True))
+        check(len(caught) == 1, f"dropping a failed request warned {len(caught)} times")
+        text = str(caught[0].message)
+        check("wait()" in text and "TimeoutError: " in text, text)
+        # The communicator keeps the error: the next call quotes it.
+        later = str(raised(shmring.AbortedError, comm.barrier))
+        check(text.split("TimeoutError: ", 1)[1] in later, f"{later!r} does not quote {text!r}")
+    finally:
+        done.touch()
+
+
+def scenario_dropped(comm):
+    """Dropped requests: a successful one, and one whose error wait() already
+    raised, warn of nothing; a failed one nobody waited for warns with its
+    MismatchError on every rank."""
+    rank = comm.rank
+    buf = values(rank, 1000).astype(np.float64)
+    check(drop_and_catch(comm.allreduce(buf, async_op=True)) == [], "a success warned")
+    check(np.array_equal(buf, sum(values(q, 1000) for q in range(comm.size))), "values")
+    caught = drop_and_catch(comm.allreduce(buf[: 10 + rank], async_op=True))
+    check(len(caught) == 1 and "MismatchError" in str(caught[0].message),
+          f"a dropped mismatch warned: {[str(w.message) for w in caught]}")
+    seen = comm.barrier(async_op=True)
+    raised(shmring.AbortedError, seen.wait)
+    check(drop_and_catch(seen) == [], "an error wait() raised was warned of again")
 
 
 def main():

@@ -6,9 +6,9 @@ import pytest
 from conftest import assert_all_ok, run_ranks
 
 
-def run_worker(scenario, size, timeout=240):
+def run_worker(scenario, size, timeout=240, env=None):
     return run_ranks(scenario, size, timeout=timeout, worker="nonblocking_worker.py",
-                     tag="nb-" + scenario)
+                     tag="nb-" + scenario, env=env)
 
 
 @pytest.mark.parametrize("size", [2, 3])
@@ -23,6 +23,13 @@ def test_wait_timeout_and_is_completed():
 
 def test_errors_reach_wait_on_every_rank():
     assert_all_ok(run_worker("errors", 3))
+
+
+def test_dropped_request_error_is_not_swallowed():
+    """Dropping an unfinished Request never hides its error: a RuntimeWarning
+    names it, and the communicator keeps it (next call: AbortedError)."""
+    assert_all_ok(run_worker("dropped", 3))
+    assert_all_ok(run_worker("dropped_timeout", 2, env={"SHMRING_TIMEOUT": "5"}))
 
 
 def test_gil_released_while_waiting():

@@ -76,6 +76,30 @@ def scenario_alltoall(rank, size):
     want = torch.cat([data(j, size * 4, torch.float32)[rank * 4:(rank + 1) * 4]
                       for j in range(size)])
     check(torch.equal(out, want), "all_to_all_single with equal split sizes")
+    # Empty split sizes mean equal ones: rank 0 gives none, the others give
+    # them (equal), and every rank must make the same call.
+    out = torch.empty(size * 4)
+    if rank == 0:
+        dist.all_to_all_single(out, send)
+    else:
+        dist.all_to_all_single(out, send, [4] * size, [4] * size)
+    check(torch.equal(out, want), "all_to_all_single, empty splits beside equal ones")
+    # Rank 0's blocks are all equal (2 rows each way), the others' are not:
+    # rank 0 gives no split sizes, yet its call is uneven for the others.
+    in_splits = [2 + rank * j % 3 for j in range(size)]
+    out_splits = [2 + j * rank % 3 for j in range(size)]
+    send = data(rank, sum(in_splits), torch.float32, salt=3)
+    out = torch.empty(sum(out_splits))
+    if rank == 0:
+        dist.all_to_all_single(out, send)
+    else:
+        dist.all_to_all_single(out, send, out_splits, in_splits)
+    parts = []
+    for j in range(size):
+        theirs = [2 + j * k % 3 for k in range(size)]
+        start = sum(theirs[:rank])
+        parts.append(data(j, sum(theirs), torch.float32, salt=3)[start:start + theirs[rank]])
+    check(torch.equal(out, torch.cat(parts)), "all_to_all_single, even on rank 0 only")
     # Large and uneven: several slices per block.
     in_splits = [(1 << 16) * (1 + (rank + j) % 3) + j for j in range(size)]
     out_splits = [(1 << 16) * (1 + (j + rank) % 3) + rank for j in range(size)]
