@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <tbb/task_arena.h>
+
 #include "comm_impl.hpp"
 #include "request.hpp"
 
@@ -141,6 +143,11 @@ class P2p {
   std::size_t requests_pending_ = 0;
   std::vector<OpPtr> completions_;  // finished requests not yet delivered
   std::unique_ptr<std::thread> thread_;
+  // Splits large single-copy reads when the rank has one reduction thread
+  // (made on the first such read; max_concurrency 1 where the rank may run
+  // on one CPU only, which makes the split a no-op).
+  std::unique_ptr<tbb::task_arena> cma_arena_;
+  tbb::task_arena* cma_arena(std::uint64_t bytes);
   std::vector<Watch> thread_watch_;  // the progress thread's
 };
 
