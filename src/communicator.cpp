@@ -368,6 +368,11 @@ void Communicator::Impl::check_descriptor(int peer) {
 
 void Communicator::Impl::end() {
   if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
+  if (eager_pending_count > 0)  // staged.cpp "Eager rings": a collective's confirmations
+    confirm_eager_ring(
+        collectives >= detail::kEagerEntries ? collectives - detail::kEagerEntries + 1 : 0,
+        eager_ring_call ? 0 : collectives);
+  eager_ring_call = false;
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);
