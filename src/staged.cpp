@@ -52,8 +52,58 @@
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
-// they go eager (gather_eager, scatter_eager below: only the rank that
-// reads waits, and mismatches surface by the next call at the latest).
+// they go eager: only the rank that reads waits. Blocks of at most 40 bytes
+// (kEagerBytes) go through the eager rings below and may run up to 8
+// collectives ahead; bigger ones through the direct buffers (gather_eager,
+// scatter_eager), one collective ahead (mismatches surface by the next
+// call at the latest there).
+//
+// Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
+// ring of E = kEagerEntries (8) entries in the segment (layout.hpp), each
+// of max(2, N-1) 64-byte lines (EagerLine: seq, descriptor, 40 data bytes,
+// as the low-latency line); collective c uses entry c mod E. The writer
+// (a gather's non-root, a scatter's root) fills its line(s) (a gather
+// line 0, a scatter the line lane_index(root, reader) of each reader),
+// stores seq = c+1 last (release), announces and returns. The reader (the
+// gather's root, the scatter's non-roots) polls the seq of the line it
+// reads, as wait_low_latency does (spin only where the peer has a CPU of
+// its own and the job is not oversubscribed, then the peer's `announced`
+// with yield, futex sleep and the dead peer / abort / deadline checks),
+// compares the descriptor in the line with its own and only then copies
+// the data. A peer that announced c without writing the line took another
+// path or another call: check_descriptor names the difference.
+//   Reuse: an entry is rewritten in collective c only once every rank has
+// finished c-E (their `done` counters; we remember the least value seen,
+// so while the readers keep up they are read once per E calls): its last
+// user was c-E or earlier and its readers are done with it. Only the
+// reading side waits: writers run up to E collectives ahead of their
+// readers, and a reader that falls behind finds its lines ready and takes
+// them in a batch (MPI's eager sends queue at the receiver the same way).
+//   Scatter rings need N-1 lines per entry: N * E * (N-1) * 64 bytes in all
+// (N=64: 1.97 MiB), so they stop at N = kEagerScatterMaxRanks (64); past it
+// a small scatter takes the direct buffers (scatter_eager) and the region
+// keeps 2 lines per entry for gathers (N=256: 256 KiB).
+//   Mismatches: a reader checks the descriptor of every line before its
+// data. A writer returns unchecked, so it remembers the call
+// (eager_pending, slot c mod E) and confirms it later: it waits until its
+// readers finished (gather: the root, which fails the job on any bad line
+// and then never finishes) or started (scatter: every non-root) c and
+// compares their descriptors of c with its own (confirm_eager_ring). That
+// happens when it reuses the entry, at collective c+E, or at the end of
+// collective c+E whatever it is, or at the end of an earlier collective
+// that is not an eager-ring one if its readers already got there (no
+// wait). So a rank that disagrees fails within E calls at the latest,
+// also when no rank saw itself as the reader (two ranks naming each other
+// the root of a gather); a rank that stops calling sooner is not told.
+//   Interplay: the rings share nothing with the direct buffers, slots or
+// low-latency lines, whose reuse rules wait for every rank's `done` of
+// the collective that last used them, so a collective after an eager one
+// never rewrites something a slow reader still reads.
+//   Descriptor ring: a peer can be at most E collectives ahead through the
+// rings (the reuse rule), 2 through the direct buffers, K <= 62 through
+// ring slots; each path bounds that distance by itself. A confirmation of
+// c reads a reader's entry c by collective c+E, when that reader is at
+// most c+E+62 < c+128 = c+kDescRing: the entry is still c's.
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
