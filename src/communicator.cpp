@@ -315,7 +315,7 @@ std::byte* Communicator::Impl::acquire_direct_buffer() {
 }
 
 void Communicator::Impl::check_descriptor(int peer) {
-  // A peer runs at most K slots, 2 direct buffers or 8 eager-ring calls ahead, fewer than
+  // A peer runs at most K slots, 2 direct buffers or 32 eager-ring calls ahead, fewer than
   // kDescRing collectives: entry c is still ours to read. A torn read or a
   // different seq means the peer is in another collective: a mismatch too.
   // Ordering: begin() stores the fields (relaxed), then seq (release), then

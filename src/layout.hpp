@@ -47,9 +47,9 @@ inline constexpr std::size_t kMaxSlots = 62;
 /// (reader - root - 1) mod N of the root's entry, up to
 /// kEagerScatterMaxRanks ranks (the region grows as N^2 up to there; past
 /// it scatters take the direct buffers and the region grows as N).
-inline constexpr std::size_t kEagerEntries = 8;
+inline constexpr std::size_t kEagerEntries = 32;
 inline constexpr std::size_t kEagerBytes = 40;
-inline constexpr std::size_t kEagerScatterMaxRanks = 64;
+inline constexpr std::size_t kEagerScatterMaxRanks = 32;
 static_assert(kEagerEntries + kMaxSlots < kDescRing);
 /// Direct (one-shot) buffers per rank: collective c uses buffer c mod 2.
 inline constexpr std::size_t kDirectBuffers = 2;
@@ -147,8 +147,8 @@ inline constexpr std::uint64_t eager_lines_per_entry(std::uint64_t n) {
   return n <= kEagerScatterMaxRanks && n > 2 ? n - 1 : 2;
 }
 /// Bytes of the eager region: N x kEagerEntries x lines x 64. Per rank
-/// 512 * max(2, N-1) bytes up to N = 64 (N=64: 32,256 bytes, 1.97 MiB in
-/// all), 1 KiB past it (N=256: 256 KiB in all).
+/// 2048 * max(2, N-1) bytes up to N = 32 (N=32: 63,488 bytes, 1.94 MiB in
+/// all), 4 KiB past it (N=64: 256 KiB in all, N=256: 1 MiB).
 inline constexpr std::uint64_t eager_region_bytes(std::uint64_t n) {
   return n * kEagerEntries * eager_lines_per_entry(n) * sizeof(EagerLine);
 }

@@ -53,13 +53,13 @@
 // A rank's own block never travels: it is copied locally (or left in place).
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
 // they go eager: only the rank that reads waits. Blocks of at most 40 bytes
-// (kEagerBytes) go through the eager rings below and may run up to 8
+// (kEagerBytes) go through the eager rings below and may run up to 32
 // collectives ahead; bigger ones through the direct buffers (gather_eager,
 // scatter_eager), one collective ahead (mismatches surface by the next
 // call at the latest there).
 //
 // Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
-// ring of E = kEagerEntries (8) entries in the segment (layout.hpp), each
+// ring of E = kEagerEntries (32) entries in the segment (layout.hpp), each
 // of max(2, N-1) 64-byte lines (EagerLine: seq, descriptor, 40 data bytes,
 // as the low-latency line); collective c uses entry c mod E. The writer
 // (a gather's non-root, a scatter's root) fills its line(s) (a gather
@@ -80,9 +80,13 @@
 // readers, and a reader that falls behind finds its lines ready and takes
 // them in a batch (MPI's eager sends queue at the receiver the same way).
 //   Scatter rings need N-1 lines per entry: N * E * (N-1) * 64 bytes in all
-// (N=64: 1.97 MiB), so they stop at N = kEagerScatterMaxRanks (64); past it
+// (N=32: 1.94 MiB), so they stop at N = kEagerScatterMaxRanks (32); past it
 // a small scatter takes the direct buffers (scatter_eager) and the region
-// keeps 2 lines per entry for gathers (N=256: 256 KiB).
+// keeps 2 lines (4 KiB) per entry for gathers (N=64: 256 KiB, N=256: 1 MiB).
+//   E: 32 entries measured faster than 16 and 8 for back-to-back gathers
+// and scatters at N=4 on the 2-core VM (loaded; to be re-measured), while
+// E + K stays below kDescRing; a larger E only delays a writer's mismatch
+// report (within E calls).
 //   Mismatches: a reader checks the descriptor of every line before its
 // data. A writer returns unchecked, so it remembers the call
 // (eager_pending, slot c mod E) and confirms it later: it waits until its
@@ -103,7 +107,7 @@
 // rings (the reuse rule), 2 through the direct buffers, K <= 62 through
 // ring slots; each path bounds that distance by itself. A confirmation of
 // c reads a reader's entry c by collective c+E, when that reader is at
-// most c+E+62 < c+128 = c+kDescRing: the entry is still c's.
+// most c+E+62 = c+94 < c+128 = c+kDescRing: the entry is still c's.
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
@@ -836,7 +840,15 @@ void Communicator::Impl::check_eager_gather() {
 }
 
 void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t may) {
-  for (EagerPending& p : eager_pending) {
+  // Every collective c confirms collective c-E (in eager_entry or end()),
+  // so of those up to `must` only must-1 can be pending: one slot to look
+  // at, unless `may` asks for all that need no wait.
+  constexpr std::uint64_t e = detail::kEagerEntries;
+  const bool all = may > must;
+  if (!all && must == 0) return;
+  const std::uint64_t first = all ? 0 : (must - 1) % e, stop = all ? e : first + 1;
+  for (std::uint64_t i = first; i < stop; ++i) {
+    EagerPending& p = eager_pending[i];
     if (p.coll1 == 0 || (p.coll1 > must && p.coll1 > may)) continue;
     const std::uint64_t coll = p.coll1 - 1;
     const CollectiveDesc mine = p.desc;
@@ -876,12 +888,12 @@ void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t ma
                                          : std::string("a different collective");
       fail(MismatchError(fmt::format(
           "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: {}) but "
-          "{} rank {} called {}; every rank must call the same collectives in the same order with "
+          "{}rank {} called {}; every rank must call the same collectives in the same order with "
           "the same count, datatype and root",
           rank, rank, coll, describe(mine),
           gather ? "a non-root gather rank does not wait for the root"
                  : "a scatter root does not wait for the others",
-          gather ? "its root" : "", q, their_call)));
+          gather ? "its root " : "", q, their_call)));
     }
   }
 }

@@ -28,7 +28,7 @@ const std::vector<int> kSizes = {1, 2, 3, 5, 8};
 // Eager gathers and scatters of blocks up to 40 bytes may run this many
 // collectives ahead (src/layout.hpp kEagerEntries): a rank that left one
 // early hears of a disagreement within that many later calls.
-constexpr int kRunAhead = 8;
+constexpr int kRunAhead = 32;
 constexpr std::size_t kBig = (1u << 20) + 3;
 
 // Distinct per (rank, index) for rank < 8 and index < 2^24.
@@ -435,12 +435,13 @@ TEST_CASE(
         c.barrier();
         const int root = scenario == 0 ? (me == 3 ? 1 : 0) : 1 - me;
         std::vector<float> a(4, static_cast<float>(me)), b(4 * n);
-        int failed_at = 0;
+        int failed_at = 0, later = 0;
         std::string what;
         try {
           c.gather(a.data(), b.data(), 4, DataType::float32, root);
           failed_at = 2;
           for (int i = 0; i < kRunAhead; ++i) {
+            ++later;
             if (next == 0) c.gather(a.data(), b.data(), 4, DataType::float32, 0);
             if (next == 1) c.barrier();
             if (next == 2) {
@@ -455,6 +456,12 @@ TEST_CASE(
           SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
         }
         SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: all calls returned", me);
+        // A barrier proves the readers are past the eager call: its end
+        // confirms it at once, without waiting for the run-ahead bound (a
+        // rank with nothing to confirm may finish that barrier before the
+        // abort, and fails at the next).
+        SHMRING_CHILD_CHECK(next != 1 || later <= 2, "rank %d: failed at barrier %d, not 1 or 2",
+                            me, later);
         SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
                             "rank %d: '%s' lacks root=", me, what.c_str());
         // Whoever checks first fails the first call (the root here in
@@ -483,12 +490,13 @@ TEST_CASE("small scatter: a root that left early fails within kRunAhead calls wh
         c.barrier();
         const int root = scenario == 0 ? (me == 2 ? 2 : 0) : (me == 3 ? 2 : 0);
         std::vector<float> a(16, static_cast<float>(me)), b(4);
-        int failed_at = 0;
+        int failed_at = 0, later = 0;
         std::string what;
         try {
           c.scatter(a.data(), b.data(), 4, DataType::float32, root);
           failed_at = 2;
           for (int i = 0; i < kRunAhead; ++i) {
+            ++later;
             if (next == 0) c.scatter(a.data(), b.data(), 4, DataType::float32, 0);
             if (next == 1) c.barrier();
           }
@@ -499,6 +507,12 @@ TEST_CASE("small scatter: a root that left early fails within kRunAhead calls wh
           SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
         }
         SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: all calls returned", me);
+        // A barrier proves the readers are past the eager call: its end
+        // confirms it at once, without waiting for the run-ahead bound (a
+        // rank with nothing to confirm may finish that barrier before the
+        // abort, and fails at the next).
+        SHMRING_CHILD_CHECK(next != 1 || later <= 2, "rank %d: failed at barrier %d, not 1 or 2",
+                            me, later);
         SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
                             "rank %d: '%s' lacks root=", me, what.c_str());
         bool refused = false;
