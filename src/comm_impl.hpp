@@ -126,6 +126,25 @@ struct Communicator::Impl {
   /// Waits until every rank announced our unchecked eager scatter and
   /// compares its descriptor with ours.
   void check_eager_scatter();
+  // Eager rings (staged.cpp "Eager rings"): our gathers as a non-root and
+  // scatters as the root that nobody has confirmed yet, at index c mod
+  // kEagerEntries: collective + 1 (0: none) and our descriptor of it.
+  struct EagerPending {
+    std::uint64_t coll1 = 0;
+    CollectiveDesc desc{};
+  };
+  EagerPending eager_pending[detail::kEagerEntries];
+  int eager_pending_count = 0;
+  // Every peer's `done` was at least this when we last read them all.
+  std::uint64_t eager_peers_done = 0;
+  // The collective in flight went through an eager ring (end() then skips
+  // the confirmations that need no wait).
+  bool eager_ring_call = false;
+  /// Confirms our pending eager-ring collectives c with c + 1 <= `must`
+  /// (waiting until their readers finished (gather) or started (scatter)
+  /// them), and those with c + 1 <= `may` whose readers already did; compares
+  /// their descriptors with ours: a mismatch fails.
+  void confirm_eager_ring(std::uint64_t must, std::uint64_t may);
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;

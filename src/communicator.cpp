@@ -337,7 +337,7 @@ std::byte* Communicator::Impl::acquire_direct_buffer() {
 }
 
 void Communicator::Impl::check_descriptor(int peer) {
-  // A peer runs at most K slots or 2 direct buffers ahead, fewer than
+  // A peer runs at most K slots, 2 direct buffers or 32 eager-ring calls ahead, fewer than
   // kDescRing collectives: entry c is still ours to read. A torn read or a
   // different seq means the peer is in another collective: a mismatch too.
   // Ordering: begin() stores the fields (relaxed), then seq (release), then
@@ -390,6 +390,11 @@ void Communicator::Impl::check_descriptor(int peer) {
 
 void Communicator::Impl::end() {
   if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
+  if (eager_pending_count > 0)  // staged.cpp "Eager rings": a collective's confirmations
+    confirm_eager_ring(
+        collectives >= detail::kEagerEntries ? collectives - detail::kEagerEntries + 1 : 0,
+        eager_ring_call ? 0 : collectives);
+  eager_ring_call = false;
   if (size > 1) detail::publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);

@@ -10,6 +10,8 @@
 //   [direct buffers: rank 0 buffer 0..1, rank 1 ...]    page-aligned,
 //                                  direct_bytes each (small-message path)
 //   [point-to-point region        ] page-aligned, p2p_region_bytes(N) (p2p.hpp)
+//   [eager rings: rank 0 entry 0..E-1, rank 1 ...] page-aligned,
+//                                  eager_region_bytes(N) (staged.cpp)
 //
 // Every field a rank writes in a hot loop sits on its own 128-byte line (two
 // 64-byte lines: adjacent-line prefetch would otherwise couple them).
@@ -26,13 +28,30 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    6;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes
+    7;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+        // 7: eager rings, 128 descriptors
 inline constexpr std::size_t kReasonBytes = 1024;
-/// Descriptors of the last kDescRing collectives, per rank. A left neighbour
-/// can run at most K slots (or 2 direct buffers) ahead, so kDescRing > K
-/// keeps the entry a reader needs from being overwritten.
-inline constexpr std::size_t kDescRing = 64;
-inline constexpr std::size_t kMaxSlots = kDescRing - 2;
+/// Descriptors of the last kDescRing collectives, per rank. A peer can run
+/// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
+/// collectives ahead of a rank (each a bound on the distance itself, not
+/// added up: every path waits for its readers directly), so an entry a
+/// reader needs is never overwritten. An eager writer confirms its
+/// collective c' up to kEagerEntries collectives later, by reading its
+/// readers' entries c' while they may be up to kMaxSlots further on:
+/// kEagerEntries + kMaxSlots < kDescRing keeps those too (staged.cpp).
+inline constexpr std::size_t kDescRing = 128;
+inline constexpr std::size_t kMaxSlots = 62;
+/// Eager rings (staged.cpp "Eager rings"): per rank, kEagerEntries entries
+/// of eager_lines_per_entry(N) lines; collective c uses entry c mod
+/// kEagerEntries. Small gathers (a block of at most kEagerBytes) send
+/// through line 0 of the non-root's entry; small scatters through line
+/// (reader - root - 1) mod N of the root's entry, up to
+/// kEagerScatterMaxRanks ranks (the region grows as N^2 up to there; past
+/// it scatters take the direct buffers and the region grows as N).
+inline constexpr std::size_t kEagerEntries = 32;
+inline constexpr std::size_t kEagerBytes = 40;
+inline constexpr std::size_t kEagerScatterMaxRanks = 32;
+static_assert(kEagerEntries + kMaxSlots < kDescRing);
 /// Direct (one-shot) buffers per rank: collective c uses buffer c mod 2.
 inline constexpr std::size_t kDirectBuffers = 2;
 
@@ -108,6 +127,32 @@ struct alignas(kLine) LowLatencyLine {
   std::byte data[kLowLatencyBytes];
 };
 static_assert(offsetof(LowLatencyLine, data) + kLowLatencyBytes == 64);
+
+/// One line of an eager ring: the descriptor, the data and the sequence
+/// number in one 64-byte line, as LowLatencyLine; `seq` (collective + 1) is
+/// stored last (release) and polled by the reader (acquire).
+struct alignas(64) EagerLine {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> count;
+  std::atomic<std::uint32_t> kind_dtype_op_algorithm;  // one byte each
+  std::atomic<std::int32_t> root;
+  std::byte data[kEagerBytes];
+};
+static_assert(sizeof(EagerLine) == 64);
+
+/// Lines per eager entry: one per scatter reader (N-1) up to
+/// kEagerScatterMaxRanks ranks, else one for gathers; at least two, so that
+/// a writer's consecutive gather entries sit 128 bytes apart (adjacent-line
+/// prefetch).
+inline constexpr std::uint64_t eager_lines_per_entry(std::uint64_t n) {
+  return n <= kEagerScatterMaxRanks && n > 2 ? n - 1 : 2;
+}
+/// Bytes of the eager region: N x kEagerEntries x lines x 64. Per rank
+/// 2048 * max(2, N-1) bytes up to N = 32 (N=32: 63,488 bytes, 1.94 MiB in
+/// all), 4 KiB past it (N=64: 256 KiB in all, N=256: 1 MiB).
+inline constexpr std::uint64_t eager_region_bytes(std::uint64_t n) {
+  return n * kEagerEntries * eager_lines_per_entry(n) * sizeof(EagerLine);
+}
 
 struct RankArea {
   Counter produced;   // slices this rank has published into its own slots
@@ -244,7 +289,8 @@ struct Layout {
   std::uint64_t slot_offset;
   std::uint64_t direct_offset;
   std::uint64_t total_bytes;
-  std::uint64_t p2p_offset;  // point-to-point region (p2p_region_bytes)
+  std::uint64_t p2p_offset;    // point-to-point region (p2p_region_bytes)
+  std::uint64_t eager_offset;  // eager rings (eager_region_bytes)
 };
 
 inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
@@ -269,6 +315,10 @@ inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint6
   if (l.p2p_offset < l.total_bytes) return std::nullopt;
   if (__builtin_add_overflow(l.p2p_offset, p2p_region_bytes(world_size), &l.total_bytes))
     return std::nullopt;
+  l.eager_offset = round_up(l.total_bytes, kPage);
+  if (l.eager_offset < l.total_bytes) return std::nullopt;
+  if (__builtin_add_overflow(l.eager_offset, eager_region_bytes(world_size), &l.total_bytes))
+    return std::nullopt;
   return l;
 }
 
@@ -279,6 +329,7 @@ SHMRING_CHECK_SHARED(Counter);
 SHMRING_CHECK_SHARED(Descriptor);
 SHMRING_CHECK_SHARED(RankInfo);
 SHMRING_CHECK_SHARED(LowLatencyLine);
+SHMRING_CHECK_SHARED(EagerLine);
 SHMRING_CHECK_SHARED(RankArea);
 SHMRING_CHECK_SHARED(Header);
 SHMRING_CHECK_SHARED(P2pInbox);

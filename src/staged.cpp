@@ -54,8 +54,62 @@
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
-// they go eager (gather_eager, scatter_eager below: only the rank that
-// reads waits, and mismatches surface by the next call at the latest).
+// they go eager: only the rank that reads waits. Blocks of at most 40 bytes
+// (kEagerBytes) go through the eager rings below and may run up to 32
+// collectives ahead; bigger ones through the direct buffers (gather_eager,
+// scatter_eager), one collective ahead (mismatches surface by the next
+// call at the latest there).
+//
+// Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
+// ring of E = kEagerEntries (32) entries in the segment (layout.hpp), each
+// of max(2, N-1) 64-byte lines (EagerLine: seq, descriptor, 40 data bytes,
+// as the low-latency line); collective c uses entry c mod E. The writer
+// (a gather's non-root, a scatter's root) fills its line(s) (a gather
+// line 0, a scatter the line lane_index(root, reader) of each reader),
+// stores seq = c+1 last (release), announces and returns. The reader (the
+// gather's root, the scatter's non-roots) polls the seq of the line it
+// reads, as wait_low_latency does (spin only where the peer has a CPU of
+// its own and the job is not oversubscribed, then the peer's `announced`
+// with yield, futex sleep and the dead peer / abort / deadline checks),
+// compares the descriptor in the line with its own and only then copies
+// the data. A peer that announced c without writing the line took another
+// path or another call: check_descriptor names the difference.
+//   Reuse: an entry is rewritten in collective c only once every rank has
+// finished c-E (their `done` counters; we remember the least value seen,
+// so while the readers keep up they are read once per E calls): its last
+// user was c-E or earlier and its readers are done with it. Only the
+// reading side waits: writers run up to E collectives ahead of their
+// readers, and a reader that falls behind finds its lines ready and takes
+// them in a batch (MPI's eager sends queue at the receiver the same way).
+//   Scatter rings need N-1 lines per entry: N * E * (N-1) * 64 bytes in all
+// (N=32: 1.94 MiB), so they stop at N = kEagerScatterMaxRanks (32); past it
+// a small scatter takes the direct buffers (scatter_eager) and the region
+// keeps 2 lines (4 KiB) per entry for gathers (N=64: 256 KiB, N=256: 1 MiB).
+//   E: 32 entries measured faster than 16 and 8 for back-to-back gathers
+// and scatters at N=4 on the 2-core VM (loaded; to be re-measured), while
+// E + K stays below kDescRing; a larger E only delays a writer's mismatch
+// report (within E calls).
+//   Mismatches: a reader checks the descriptor of every line before its
+// data. A writer returns unchecked, so it remembers the call
+// (eager_pending, slot c mod E) and confirms it later: it waits until its
+// readers finished (gather: the root, which fails the job on any bad line
+// and then never finishes) or started (scatter: every non-root) c and
+// compares their descriptors of c with its own (confirm_eager_ring). That
+// happens when it reuses the entry, at collective c+E, or at the end of
+// collective c+E whatever it is, or at the end of an earlier collective
+// that is not an eager-ring one if its readers already got there (no
+// wait). So a rank that disagrees fails within E calls at the latest,
+// also when no rank saw itself as the reader (two ranks naming each other
+// the root of a gather); a rank that stops calling sooner is not told.
+//   Interplay: the rings share nothing with the direct buffers, slots or
+// low-latency lines, whose reuse rules wait for every rank's `done` of
+// the collective that last used them, so a collective after an eager one
+// never rewrites something a slow reader still reads.
+//   Descriptor ring: a peer can be at most E collectives ahead through the
+// rings (the reuse rule), 2 through the direct buffers, K <= 62 through
+// ring slots; each path bounds that distance by itself. A confirmation of
+// c reads a reader's entry c by collective c+E, when that reader is at
+// most c+E+62 = c+94 < c+128 = c+kDescRing: the entry is still c's.
 //
 // Counters: `posted` and `taken` (RankArea) count rounds of staged
 // collectives since the communicator started, the same on every rank (all
@@ -564,6 +618,170 @@ void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::
   }
 }
 
+// ---- Eager rings (see the top comment, "Eager rings"). ----
+
+std::uint32_t eager_pack(const CollectiveDesc& d) {
+  return static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.dtype) << 8 |
+         static_cast<std::uint32_t>(d.op) << 16 | static_cast<std::uint32_t>(d.algorithm) << 24;
+}
+
+bool eager_ring_fits(const Communicator::Impl& c, CollectiveKind kind, std::size_t bytes) {
+  return bytes <= detail::kEagerBytes &&
+         (kind == CollectiveKind::gather ||
+          static_cast<std::size_t>(c.size) <= detail::kEagerScatterMaxRanks);
+}
+
+// A writer's entry for collective c (entry c mod E), once every rank has
+// finished c-E: its last user was c-E or earlier, so its readers are done.
+// The peers' `done` counters are read again only when what we last saw of
+// them no longer proves it (once every E collectives while they keep up).
+// Confirms our own collective c-E before its pending record is reused.
+std::uint64_t eager_entry(Communicator::Impl& c) {
+  const std::uint64_t coll = c.collectives;
+  constexpr std::uint64_t e = detail::kEagerEntries;
+  if (coll >= e) {
+    const std::uint64_t need = coll - e + 1;
+    if (c.eager_peers_done < need) {
+      std::uint64_t low = ~std::uint64_t{0};
+      for (int q = 0; q < c.size; ++q) {
+        if (q == c.rank) continue;
+        c.wait_counter(c.area(q).done, need, q, "a rank to finish an earlier eager collective");
+        low = std::min(low, c.area(q).done.value.load(std::memory_order_acquire));
+      }
+      c.eager_peers_done = low;
+    }
+    c.confirm_eager_ring(coll - e + 1, 0);
+  }
+  return coll % e;
+}
+
+void eager_write(Communicator::Impl& c, detail::EagerLine& line, const void* data,
+                 std::size_t bytes) {
+  const CollectiveDesc& d = *c.current;
+  line.count.store(d.count, std::memory_order_relaxed);
+  line.kind_dtype_op_algorithm.store(eager_pack(d), std::memory_order_relaxed);
+  line.root.store(d.root, std::memory_order_relaxed);
+  if (bytes > 0) std::memcpy(line.data, data, bytes);
+  line.seq.store(c.collectives + 1, std::memory_order_release);
+}
+
+void eager_remember(Communicator::Impl& c) {
+  c.eager_pending[c.collectives % detail::kEagerEntries] = {c.collectives + 1, *c.current};
+  ++c.eager_pending_count;
+}
+
+// The reader's wait for line `index` of `peer`'s entry for this collective:
+// polls its seq (spinning only where wait_low_latency would), then falls back
+// to the peer's `announced` counter (yield, futex sleep, dead peer, abort,
+// deadline). A peer that announced the collective without writing the line
+// took another path; one whose line describes another call disagrees:
+// either is a mismatch, named by check_descriptor where it can.
+const detail::EagerLine& wait_eager_line(Communicator::Impl& c, int peer, std::uint64_t index) {
+  const detail::EagerLine& line =
+      c.seg->eager_line(peer, c.collectives % detail::kEagerEntries, index);
+  const std::uint64_t want = c.collectives + 1;
+  auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
+  if (!ready()) {
+    detail::WaitPolicy policy = c.wait_policy;
+    if (!c.config.oversubscribed && policy.spin_ns > 0 && c.keep_off_cpu_of(peer)) {
+      const auto start = detail::Clock::now();
+      while (!ready()) {
+        for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();
+        if ((detail::Clock::now() - start).count() >= policy.spin_ns) break;
+      }
+    }
+    if (!ready()) {
+      policy.spin_ns = 0;
+      std::optional<detail::Clock::time_point> wait_deadline;
+      detail::Counter& announced = c.area(peer).announced;
+      detail::wait_at_least(announced, want, policy, [&] {
+        if (!wait_deadline) wait_deadline = c.deadline();
+        c.check_progress(peer, "an eager block", *wait_deadline, announced, want);
+      });
+      if (!ready()) {
+        c.check_descriptor(peer);
+        c.fail(MismatchError(fmt::format(
+            "rank {}: collective mismatch: collective #{} {}: rank {} started it on another path "
+            "(its block does not fit the eager line it expects)",
+            c.rank, c.collectives, c.describe(*c.current), peer)));
+      }
+    }
+  }
+  const CollectiveDesc& mine = *c.current;
+  if (line.kind_dtype_op_algorithm.load(std::memory_order_relaxed) != eager_pack(mine) ||
+      line.count.load(std::memory_order_relaxed) != mine.count ||
+      line.root.load(std::memory_order_relaxed) != mine.root) {
+    c.check_descriptor(peer);  // names the difference and throws
+    c.fail(
+        MismatchError(fmt::format("rank {}: collective mismatch: collective #{} {}: rank {} "
+                                  "disagrees (its eager line describes another call)",
+                                  c.rank, c.collectives, c.describe(mine), peer)));
+  }
+  return line;
+}
+
+// Gather of blocks of at most kEagerBytes: a non-root writes line 0 of its
+// entry and returns; the root reads every non-root's line.
+void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
+                       int root) {
+  const int n = c.size, me = c.rank;
+  c.step = 0;
+  c.eager_ring_call = true;
+  if (me != root) {
+    const std::uint64_t entry = eager_entry(c);
+    eager_write(c, c.seg->eager_line(me, entry, 0), send, bytes);
+    c.announce();
+    eager_remember(c);
+    return;
+  }
+  c.announce();
+  for (int t = 1; t < n; ++t) {
+    const int w = (me + t) % n;
+    const detail::EagerLine& line = wait_eager_line(c, w, 0);
+    if (bytes > 0) std::memcpy(out + static_cast<std::size_t>(w) * bytes, line.data, bytes);
+  }
+}
+
+// Scatter of blocks of at most kEagerBytes (N <= kEagerScatterMaxRanks): the
+// root writes reader j's block into line lane_index(root, j) of its entry
+// and returns; a reader reads its line.
+void scatter_eager_ring(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
+                        int root) {
+  const int n = c.size, me = c.rank;
+  c.step = 0;
+  c.eager_ring_call = true;
+  if (me == root) {
+    const std::uint64_t entry = eager_entry(c);
+    for (int j = 0; j < n; ++j)
+      if (j != root)
+        eager_write(c, c.seg->eager_line(me, entry, algo::lane_index(root, j, n)),
+                    in + static_cast<std::size_t>(j) * bytes, bytes);
+    c.announce();
+    eager_remember(c);
+    return;
+  }
+  c.announce();
+  const detail::EagerLine& line = wait_eager_line(c, root, algo::lane_index(root, me, n));
+  if (bytes > 0) std::memcpy(recv, line.data, bytes);
+}
+
+// Peer q's descriptor of collective `coll`, or nullopt when the entry holds
+// another collective (or was being rewritten while we read it).
+std::optional<CollectiveDesc> eager_desc_of(Communicator::Impl& c, int q, std::uint64_t coll) {
+  auto& desc = c.area(q).desc[coll % detail::kDescRing];
+  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+  const CollectiveDesc theirs{
+      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+      desc.count.load(std::memory_order_relaxed),
+      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+      static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
+      desc.root.load(std::memory_order_relaxed),
+      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (seq != coll + 1 || desc.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;
+  return theirs;
+}
+
 }  // namespace
 
 namespace {
@@ -647,6 +865,65 @@ void Communicator::Impl::check_eager_gather() {
       rank, rank, coll, describe(mine), root, their_call(*this, theirs, coll))));
 }
 
+void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t may) {
+  // Every collective c confirms collective c-E (in eager_entry or end()),
+  // so of those up to `must` only must-1 can be pending: one slot to look
+  // at, unless `may` asks for all that need no wait.
+  constexpr std::uint64_t e = detail::kEagerEntries;
+  const bool all = may > must;
+  if (!all && must == 0) return;
+  const std::uint64_t first = all ? 0 : (must - 1) % e, stop = all ? e : first + 1;
+  for (std::uint64_t i = first; i < stop; ++i) {
+    EagerPending& p = eager_pending[i];
+    if (p.coll1 == 0 || (p.coll1 > must && p.coll1 > may)) continue;
+    const std::uint64_t coll = p.coll1 - 1;
+    const CollectiveDesc mine = p.desc;
+    const bool gather = mine.kind == CollectiveKind::gather;
+    // A gather's root ends it only after checking every line, and aborts
+    // the job on a mismatch, which the wait reports; a scatter's readers
+    // need only have published their descriptors.
+    auto reader_counter = [&](int q) -> detail::Counter& {
+      return gather ? area(q).done : area(q).announced;
+    };
+    if (p.coll1 > must) {  // only if no wait is needed
+      bool ready = true;
+      for (int q = 0; q < size && ready; ++q)
+        if (q != rank && (!gather || q == mine.root))
+          ready = reader_counter(q).value.load(std::memory_order_acquire) >= coll + 1;
+      if (!ready) continue;
+    }
+    p.coll1 = 0;
+    --eager_pending_count;
+    for (int q = 0; q < size; ++q) {
+      if (q == rank || (gather && q != mine.root)) continue;
+      wait_counter(
+          reader_counter(q), coll + 1, q,
+          gather ? "the root to finish an eager gather" : "a rank to start an eager scatter");
+      const std::optional<CollectiveDesc> theirs = eager_desc_of(*this, q, coll);
+      if (theirs && theirs->kind == mine.kind && theirs->count == mine.count &&
+          theirs->dtype == mine.dtype && theirs->root == mine.root &&
+          theirs->algorithm == mine.algorithm)
+        continue;
+      if (theirs && theirs->kind == CollectiveKind::invalid)
+        fail(MismatchError(fmt::format(  // the words check_descriptor uses
+            "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid "
+            "call (it refused its arguments; its own error says why)",
+            rank, coll, describe(mine), q)));
+      const std::string their_call = theirs
+                                         ? fmt::format("collective #{} {}", coll, describe(*theirs))
+                                         : std::string("a different collective");
+      fail(MismatchError(fmt::format(
+          "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: {}) but "
+          "{}rank {} called {}; every rank must call the same collectives in the same order with "
+          "the same count, datatype and root",
+          rank, rank, coll, describe(mine),
+          gather ? "a non-root gather rank does not wait for the root"
+                 : "a scatter root does not wait for the others",
+          gather ? "its root " : "", q, their_call)));
+    }
+  }
+}
+
 namespace algo {
 
 void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -657,6 +934,10 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
   if (me == root && bytes > 0 && out + root * bytes != send)
     c.copy(out + root * bytes, send, bytes);
   if (n == 1) return;
+  if (eager_ring_fits(c, CollectiveKind::gather, bytes)) {
+    gather_eager_ring(c, send, out, bytes, root);
+    return;
+  }
   Rounds r(c, 1);
   if (bytes <= r.lane_inline()) {
     gather_eager(c, send, out, bytes, root);
@@ -686,6 +967,10 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
   const auto* in = static_cast<const std::byte*>(send);
   if (me == root && bytes > 0 && recv != in + root * bytes) c.copy(recv, in + root * bytes, bytes);
   if (n == 1) return;
+  if (eager_ring_fits(c, CollectiveKind::scatter, bytes)) {
+    scatter_eager_ring(c, in, recv, bytes, root);
+    return;
+  }
   Rounds r(c, n - 1);
   if (bytes <= r.lane_inline()) {
     scatter_eager(c, in, recv, bytes, root, r.lane_inline());

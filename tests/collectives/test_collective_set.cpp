@@ -9,6 +9,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -23,6 +25,10 @@ using test::run_ranks;
 namespace {
 
 const std::vector<int> kSizes = {1, 2, 3, 5, 8};
+// Eager gathers and scatters of blocks up to 40 bytes may run this many
+// collectives ahead (src/layout.hpp kEagerEntries): a rank that left one
+// early hears of a disagreement within that many later calls.
+constexpr int kRunAhead = 32;
 constexpr std::size_t kBig = (1u << 20) + 3;
 
 // Distinct per (rank, index) for rank < 8 and index < 2^24.
@@ -414,11 +420,12 @@ TEST_CASE("gather and scatter: roots differ, counts differ") {
       "count=");
 }
 
-TEST_CASE("small gather: a non-root that left early fails by its next call when roots differ") {
-  // The next call is another small gather (the rank leaves early again), a
-  // barrier, or a big gather (staged rounds). Cases: one rank names another
+TEST_CASE(
+    "small gather: a non-root that left early fails within kRunAhead calls when roots differ") {
+  // The later calls are small gathers (the rank leaves early again),
+  // barriers, or big gathers (staged rounds). Cases: one rank names another
   // root (the root catches it); two ranks each name the other (nobody is
-  // the root in its own view: the next call's check catches it).
+  // the root in its own view: a later call's check catches it).
   for (int next = 0; next < 3; ++next)
     for (int scenario = 0; scenario < 2; ++scenario) {
       INFO("next=", next, " scenario=", scenario);
@@ -428,16 +435,19 @@ TEST_CASE("small gather: a non-root that left early fails by its next call when 
         c.barrier();
         const int root = scenario == 0 ? (me == 3 ? 1 : 0) : 1 - me;
         std::vector<float> a(4, static_cast<float>(me)), b(4 * n);
-        int failed_at = 0;
+        int failed_at = 0, later = 0;
         std::string what;
         try {
           c.gather(a.data(), b.data(), 4, DataType::float32, root);
           failed_at = 2;
-          if (next == 0) c.gather(a.data(), b.data(), 4, DataType::float32, 0);
-          if (next == 1) c.barrier();
-          if (next == 2) {
-            std::vector<float> big(100000), all(me == 0 ? 100000 * n : 0);
-            c.gather(big.data(), all.data(), 100000, DataType::float32, 0);
+          for (int i = 0; i < kRunAhead; ++i) {
+            ++later;
+            if (next == 0) c.gather(a.data(), b.data(), 4, DataType::float32, 0);
+            if (next == 1) c.barrier();
+            if (next == 2) {
+              std::vector<float> big(100000), all(me == 0 ? 100000 * n : 0);
+              c.gather(big.data(), all.data(), 100000, DataType::float32, 0);
+            }
           }
           failed_at = 3;
         } catch (const MismatchError& e) {
@@ -445,7 +455,13 @@ TEST_CASE("small gather: a non-root that left early fails by its next call when 
         } catch (const Error& e) {
           SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
         }
-        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: both calls returned", me);
+        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: all calls returned", me);
+        // A barrier proves the readers are past the eager call: its end
+        // confirms it at once, without waiting for the run-ahead bound (a
+        // rank with nothing to confirm may finish that barrier before the
+        // abort, and fails at the next).
+        SHMRING_CHILD_CHECK(next != 1 || later <= 2, "rank %d: failed at barrier %d, not 1 or 2",
+                            me, later);
         SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
                             "rank %d: '%s' lacks root=", me, what.c_str());
         // Whoever checks first fails the first call (the root here in
@@ -463,7 +479,7 @@ TEST_CASE("small gather: a non-root that left early fails by its next call when 
     }
 }
 
-TEST_CASE("small scatter: a root that left early fails by its next call when roots differ") {
+TEST_CASE("small scatter: a root that left early fails within kRunAhead calls when roots differ") {
   // Two ranks each think themselves the root (each returns its own block
   // at once), or a non-root names a rank that thinks itself the root.
   for (int next = 0; next < 2; ++next)
@@ -474,20 +490,29 @@ TEST_CASE("small scatter: a root that left early fails by its next call when roo
         c.barrier();
         const int root = scenario == 0 ? (me == 2 ? 2 : 0) : (me == 3 ? 2 : 0);
         std::vector<float> a(16, static_cast<float>(me)), b(4);
-        int failed_at = 0;
+        int failed_at = 0, later = 0;
         std::string what;
         try {
           c.scatter(a.data(), b.data(), 4, DataType::float32, root);
           failed_at = 2;
-          if (next == 0) c.scatter(a.data(), b.data(), 4, DataType::float32, 0);
-          if (next == 1) c.barrier();
+          for (int i = 0; i < kRunAhead; ++i) {
+            ++later;
+            if (next == 0) c.scatter(a.data(), b.data(), 4, DataType::float32, 0);
+            if (next == 1) c.barrier();
+          }
           failed_at = 3;
         } catch (const MismatchError& e) {
           what = e.what();
         } catch (const Error& e) {
           SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", me, e.what());
         }
-        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: both calls returned", me);
+        SHMRING_CHILD_CHECK(failed_at < 3, "rank %d: all calls returned", me);
+        // A barrier proves the readers are past the eager call: its end
+        // confirms it at once, without waiting for the run-ahead bound (a
+        // rank with nothing to confirm may finish that barrier before the
+        // abort, and fails at the next).
+        SHMRING_CHILD_CHECK(next != 1 || later <= 2, "rank %d: failed at barrier %d, not 1 or 2",
+                            me, later);
         SHMRING_CHILD_CHECK(what.find("root=") != std::string::npos,
                             "rank %d: '%s' lacks root=", me, what.c_str());
         bool refused = false;
@@ -710,4 +735,204 @@ TEST_CASE(
       120, roomy));
   unsetenv("SHMRING_DIRECT_BYTES");
   unsetenv("SHMRING_ALGO");
+}
+
+// ---- Eager rings: small gathers and scatters (blocks of at most 40 bytes)
+// whose non-reading side runs up to kRunAhead collectives ahead.
+
+TEST_CASE("eager rings: thousands of small gathers and scatters, every root, interleaved") {
+  // Blocks of 0..40 bytes (the eager rings) and 44..80 bytes (the direct
+  // buffers' eager path) interleave with low-latency and direct allreduces,
+  // barriers, small alltoalls, staged big gathers and the non-blocking
+  // forms, so ring entries, direct buffers and slots are reused while
+  // ranks run ahead. N=8 oversubscribes this 2-core machine on purpose.
+  for (int n : {2, 3, 5, 8}) {
+    INFO("n=", n);
+    const int iters = n == 8 ? 1200 : 2500;
+    check_all(run_ranks(
+        n,
+        [&](Communicator& c) {
+          const int me = c.rank();
+          for (int it = 0; it < iters; ++it) {
+            // Phases of a fixed root, then a root rotating every call.
+            const int root = (it / 200) % 2 ? it % n : (it / 400) % n;
+            const std::size_t k = it % 23 == 0 ? static_cast<std::size_t>(11 + it % 10)
+                                               : static_cast<std::size_t>(it % 11);  // 0..10
+            const std::size_t base = static_cast<std::size_t>(it) * 64;
+            std::vector<std::int32_t> a(k), g(k * n, -1), s(k, -1), all(k * n);
+            for (std::size_t i = 0; i < k; ++i) a[i] = val(me, base + i);
+            for (std::size_t i = 0; i < all.size(); ++i) all[i] = val(me, base + i);
+            if (it % 5 == 4) {
+              Request q = c.igather(a.data(), g.data(), k, DataType::int32, root);
+              Request r = c.iscatter(all.data(), s.data(), k, DataType::int32, (root + 1) % n);
+              q.wait();
+              r.wait();
+            } else {
+              c.gather(a.data(), me == root ? g.data() : nullptr, k, DataType::int32, root);
+              c.scatter(all.data(), s.data(), k, DataType::int32, (root + 1) % n);
+            }
+            if (me == root)
+              for (int j = 0; j < n; ++j)
+                for (std::size_t i = 0; i < k; ++i)
+                  SHMRING_CHILD_CHECK(g[j * k + i] == val(j, base + i),
+                                      "gather it %d from %d [%zu]", it, j, i);
+            for (std::size_t i = 0; i < k; ++i)
+              SHMRING_CHILD_CHECK(s[i] == val((root + 1) % n, base + me * k + i),
+                                  "scatter it %d [%zu]", it, i);
+            if (it % 17 == 0) {
+              float x = static_cast<float>(me + it), y = 0;
+              c.allreduce(&x, &y, 1, DataType::float32, ReduceOp::sum);
+              SHMRING_CHILD_CHECK(y == static_cast<float>(n * (n - 1) / 2 + n * it),
+                                  "allreduce it %d", it);
+            }
+            if (it % 41 == 0) c.barrier();
+            if (it % 29 == 0) {  // direct allreduce (bigger than a line)
+              std::vector<std::int32_t> x(64, me + it), y(64);
+              c.allreduce(x.data(), y.data(), 64, DataType::int32, ReduceOp::sum);
+              SHMRING_CHILD_CHECK(y[63] == n * it + n * (n - 1) / 2, "direct allreduce it %d", it);
+            }
+            if (it % 31 == 0) {
+              std::vector<std::int32_t> x(3 * n), y(3 * n, -1);
+              for (std::size_t i = 0; i < x.size(); ++i) x[i] = val(me, base + i);
+              c.alltoall(x.data(), y.data(), 3, DataType::int32);
+              for (int j = 0; j < n; ++j)
+                SHMRING_CHILD_CHECK(y[j * 3 + 2] == val(j, base + me * 3 + 2), "alltoall it %d",
+                                    it);
+            }
+            if (it % 97 == 0) {  // staged rounds through the slots
+              const std::size_t big = 50000;
+              std::vector<std::int32_t> x(big), y(me == root ? big * n : 0);
+              for (std::size_t i = 0; i < big; ++i) x[i] = val(me, i);
+              c.gather(x.data(), y.data(), big, DataType::int32, root);
+              if (me == root)
+                for (int j = 0; j < n; ++j)
+                  SHMRING_CHILD_CHECK(
+                      y[j * big + big - 1] == val(j, big - 1) && y[j * big] == val(j, 0),
+                      "big gather it %d from %d", it, j);
+            }
+          }
+        },
+        300));
+  }
+}
+
+TEST_CASE("eager rings: the writer runs kRunAhead calls ahead before it waits for its reader") {
+  // The readers do not call anything until every writer has returned from
+  // kRunAhead calls (they block on a pipe): with less run-ahead this hangs
+  // and the harness kills it.
+  for (int kind = 0; kind < 2; ++kind)
+    for (int n : {2, 4}) {
+      INFO("kind=", std::string(kind == 0 ? "gather" : "scatter"), " n=", n);
+      int fds[2];
+      REQUIRE(pipe(fds) == 0);
+      auto st = run_ranks(
+          n,
+          [&](Communicator& c) {
+            const int me = c.rank(), root = n - 1;
+            c.barrier();
+            // Gather: the non-roots write; scatter: the root writes.
+            const bool writer = (kind == 0) == (me != root);
+            if (!writer) {
+              char b[8];
+              const int want = kind == 0 ? n - 1 : 1;
+              for (int got = 0; got < want;)
+                if (const ssize_t r = read(fds[0], b, 1); r == 1) ++got;
+            }
+            for (int i = 0; i < 3 * kRunAhead; ++i) {
+              std::int32_t x[2] = {val(me, 2 * i), val(me, 2 * i + 1)};
+              std::vector<std::int32_t> all(2 * n), out(2 * n, -1), s(2, -1);
+              for (int j = 0; j < 2 * n; ++j) all[j] = val(me, 100 * i + j);
+              if (kind == 0) {
+                c.gather(x, out.data(), 2, DataType::int32, root);
+                if (me == root)
+                  for (int j = 0; j < n; ++j)
+                    SHMRING_CHILD_CHECK(out[2 * j + 1] == val(j, 2 * i + 1), "gather %d", i);
+              } else {
+                c.scatter(all.data(), s.data(), 2, DataType::int32, root);
+                SHMRING_CHILD_CHECK(s[1] == val(root, 100 * i + 2 * me + 1), "scatter %d", i);
+              }
+              if (writer && i == kRunAhead - 1)  // a byte per reader (scatter: n-1 of them)
+                for (int j = 0; j < (kind == 0 ? 1 : n - 1); ++j)
+                  SHMRING_CHILD_CHECK(write(fds[1], "x", 1) == 1, "pipe");
+            }
+            c.barrier();
+          },
+          60);
+      close(fds[0]);
+      close(fds[1]);
+      check_all(st);
+    }
+}
+
+TEST_CASE(
+    "eager rings: a disagreement after many run-ahead calls fails every rank within "
+    "kRunAhead calls") {
+  // 40 agreeing small calls (root 0), then at call `bad` one rank
+  // disagrees: its count (still eager, or past the eager line), its root,
+  // or its kind (gather against scatter). Every rank must throw a
+  // MismatchError at call bad + kRunAhead at the latest, never hang.
+  // Non-reading ranks really run ahead here: nothing else synchronises.
+  constexpr int kGood = 40;
+  struct Case {
+    const char* name;
+    int kind;  // 0 gather, 1 scatter
+    int n;
+    int odd;   // the disagreeing rank
+    int what;  // 0 count (eager), 1 count (direct buffers' path), 2 root, 3 kind
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"gather count", 0, 4, 2, 0, "count="},       {"gather path", 0, 4, 1, 1, "count="},
+      {"gather root", 0, 4, 3, 2, "root="},         {"gather vs scatter", 0, 4, 1, 3, "scatter"},
+      {"gather root n=2", 0, 2, 1, 2, "root="},     {"scatter count", 1, 4, 2, 0, "count="},
+      {"scatter path", 1, 3, 1, 1, "count="},       {"scatter root", 1, 4, 3, 2, "root="},
+      {"scatter root is odd", 1, 4, 0, 2, "root="}, {"scatter vs gather", 1, 5, 4, 3, "gather"},
+  };
+  for (const Case& cs : cases) {
+    INFO(std::string(cs.name));
+    auto st = test::run_processes(cs.n, [&, job = test::unique_job_id("eager-mm")](int r) {
+      Options o;
+      o.rank = r;
+      o.world_size = cs.n;
+      o.job_id = job;
+      o.timeout_s = 30;
+      Communicator c(o);
+      const int me = c.rank(), n = cs.n;
+      c.barrier();
+      int failed_at = -1;
+      std::string what;
+      try {
+        for (int i = 0; i < kGood + 3 * kRunAhead; ++i) {
+          const bool odd = i == kGood && me == cs.odd;
+          std::size_t k = 2;
+          int root = 0, kind = cs.kind;
+          if (odd && cs.what == 0) k = 3;
+          if (odd && cs.what == 1) k = 15;  // 60 bytes: past the eager line
+          if (odd && cs.what == 2) root = 1;
+          if (odd && cs.what == 3) kind = 1 - kind;
+          std::vector<std::int32_t> x(k * n, me), y(k * n, -1);
+          failed_at = i;
+          if (kind == 0)
+            c.gather(x.data(), y.data(), k, DataType::int32, root);
+          else
+            c.scatter(x.data(), y.data(), k, DataType::int32, root);
+        }
+        failed_at = -1;
+      } catch (const MismatchError& e) {
+        what = e.what();
+      } catch (const Error& e) {
+        SHMRING_CHILD_CHECK(false, "rank %d: expected MismatchError, got: %s", r, e.what());
+      }
+      // A rank that lags fails earlier, in a call it had not finished when
+      // the abort came (its peers ran up to kRunAhead calls ahead of it).
+      SHMRING_CHILD_CHECK(failed_at >= kGood - kRunAhead && failed_at <= kGood + kRunAhead,
+                          "rank %d failed at call %d (the disagreement is at %d)", r, failed_at,
+                          kGood);
+      SHMRING_CHILD_CHECK(what.find(cs.needle) != std::string::npos, "rank %d: '%s' lacks '%s'", r,
+                          what.c_str(), cs.needle);
+      if (r == 0)
+        std::fprintf(stderr, "(expected, %s, call %d) %s\n", cs.name, failed_at, what.c_str());
+    });
+    check_all(st);
+  }
 }
