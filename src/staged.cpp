@@ -682,8 +682,8 @@ const detail::EagerLine& wait_eager_line(Communicator::Impl& c, int peer, std::u
   const std::uint64_t want = c.collectives + 1;
   auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
   if (!ready()) {
-    detail::WaitPolicy policy = c.wait_policy;
-    if (!c.config.oversubscribed && policy.spin_ns > 0 && c.keep_off_cpu_of(peer)) {
+    detail::WaitPolicy policy = c.policy_for(peer);  // as wait_low_latency
+    if (policy.spin_ns > 0) {
       const auto start = detail::Clock::now();
       while (!ready()) {
         for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();
