@@ -28,8 +28,8 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    7;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
-        // 7: eager rings, 128 descriptors
+    8;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+        // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -43,14 +43,18 @@ inline constexpr std::size_t kDescRing = 128;
 inline constexpr std::size_t kMaxSlots = 62;
 /// Eager rings (staged.cpp "Eager rings"): per rank, kEagerEntries entries
 /// of eager_lines_per_entry(N) lines; collective c uses entry c mod
-/// kEagerEntries. Small gathers (a block of at most kEagerBytes) send
-/// through line 0 of the non-root's entry; small scatters through line
-/// (reader - root - 1) mod N of the root's entry, up to
+/// kEagerEntries. A block is kEagerBlockLines lines: the first holds seq,
+/// descriptor and kEagerLineBytes of data, the others data only, so a block
+/// carries up to kEagerBytes. Small gathers (a block of at most kEagerBytes)
+/// send through block 0 of the non-root's entry; small scatters through
+/// block (reader - root - 1) mod N of the root's entry, up to
 /// kEagerScatterMaxRanks ranks (the region grows as N^2 up to there; past
 /// it scatters take the direct buffers and the region grows as N).
 inline constexpr std::size_t kEagerEntries = 32;
-inline constexpr std::size_t kEagerBytes = 40;
-inline constexpr std::size_t kEagerScatterMaxRanks = 32;
+inline constexpr std::size_t kEagerBlockLines = 4;
+inline constexpr std::size_t kEagerLineBytes = 40;
+inline constexpr std::size_t kEagerBytes = kEagerLineBytes + (kEagerBlockLines - 1) * 64;  // 232
+inline constexpr std::size_t kEagerScatterMaxRanks = 16;
 static_assert(kEagerEntries + kMaxSlots < kDescRing);
 /// Direct (one-shot) buffers per rank: collective c uses buffer c mod 2.
 inline constexpr std::size_t kDirectBuffers = 2;
@@ -136,20 +140,19 @@ struct alignas(64) EagerLine {
   std::atomic<std::uint64_t> count;
   std::atomic<std::uint32_t> kind_dtype_op_algorithm;  // one byte each
   std::atomic<std::int32_t> root;
-  std::byte data[kEagerBytes];
+  std::byte data[kEagerLineBytes];  // continues over the block's next lines
 };
 static_assert(sizeof(EagerLine) == 64);
 
-/// Lines per eager entry: one per scatter reader (N-1) up to
-/// kEagerScatterMaxRanks ranks, else one for gathers; at least two, so that
-/// a writer's consecutive gather entries sit 128 bytes apart (adjacent-line
-/// prefetch).
+/// Lines per eager entry: a block per scatter reader (N-1) up to
+/// kEagerScatterMaxRanks ranks, else one block for gathers (a block is 256
+/// bytes, so consecutive entries never share a 128-byte prefetch pair).
 inline constexpr std::uint64_t eager_lines_per_entry(std::uint64_t n) {
-  return n <= kEagerScatterMaxRanks && n > 2 ? n - 1 : 2;
+  return (n <= kEagerScatterMaxRanks && n > 2 ? n - 1 : 1) * kEagerBlockLines;
 }
 /// Bytes of the eager region: N x kEagerEntries x lines x 64. Per rank
-/// 2048 * max(2, N-1) bytes up to N = 32 (N=32: 63,488 bytes, 1.94 MiB in
-/// all), 4 KiB past it (N=64: 256 KiB in all, N=256: 1 MiB).
+/// 8 KiB * max(1, N-1) up to N = 16 (N=16: 120 KiB, 1.9 MiB in all), 8 KiB
+/// past it (N=64: 512 KiB in all, N=256: 2 MiB).
 inline constexpr std::uint64_t eager_region_bytes(std::uint64_t n) {
   return n * kEagerEntries * eager_lines_per_entry(n) * sizeof(EagerLine);
 }

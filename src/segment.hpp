@@ -64,7 +64,8 @@ class Segment {
   std::uint64_t direct_bytes() const { return direct_bytes_; }
   /// Start of the point-to-point region (layout.hpp, p2p.hpp).
   std::byte* p2p_base() { return base_ + layout_.p2p_offset; }
-  /// Line `line` of entry `entry` of rank `r`'s eager ring (layout.hpp).
+  /// Line `line` of entry `entry` of rank `r`'s eager ring (layout.hpp);
+  /// block b starts at line b * kEagerBlockLines.
   EagerLine& eager_line(int r, std::uint64_t entry, std::uint64_t line) {
     const std::uint64_t lines = eager_lines_per_entry(static_cast<std::uint64_t>(world_size_));
     return *reinterpret_cast<EagerLine*>(

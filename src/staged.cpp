@@ -54,7 +54,7 @@
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
-// they go eager: only the rank that reads waits. Blocks of at most 40 bytes
+// they go eager: only the rank that reads waits. Blocks of at most 232 bytes
 // (kEagerBytes) go through the eager rings below and may run up to 32
 // collectives ahead; bigger ones through the direct buffers (gather_eager,
 // scatter_eager), one collective ahead (mismatches surface by the next
@@ -62,11 +62,12 @@
 //
 // Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
 // ring of E = kEagerEntries (32) entries in the segment (layout.hpp), each
-// of max(2, N-1) 64-byte lines (EagerLine: seq, descriptor, 40 data bytes,
-// as the low-latency line); collective c uses entry c mod E. The writer
-// (a gather's non-root, a scatter's root) fills its line(s) (a gather
-// line 0, a scatter the line lane_index(root, reader) of each reader),
-// stores seq = c+1 last (release), announces and returns. The reader (the
+// of max(1, N-1) blocks of 4 64-byte lines (the first line: seq,
+// descriptor, 40 data bytes, as the low-latency line; the others 192 more
+// data bytes: blocks of up to 232 bytes); collective c uses entry c mod E.
+// The writer (a gather's non-root, a scatter's root) fills its block(s) (a
+// gather block 0, a scatter the block lane_index(root, reader) of each
+// reader), stores seq = c+1 last (release), announces and returns. The reader (the
 // gather's root, the scatter's non-roots) polls the seq of the line it
 // reads, as wait_low_latency does (spin only where the peer has a CPU of
 // its own and the job is not oversubscribed, then the peer's `announced`
@@ -81,10 +82,10 @@
 // reading side waits: writers run up to E collectives ahead of their
 // readers, and a reader that falls behind finds its lines ready and takes
 // them in a batch (MPI's eager sends queue at the receiver the same way).
-//   Scatter rings need N-1 lines per entry: N * E * (N-1) * 64 bytes in all
-// (N=32: 1.94 MiB), so they stop at N = kEagerScatterMaxRanks (32); past it
-// a small scatter takes the direct buffers (scatter_eager) and the region
-// keeps 2 lines (4 KiB) per entry for gathers (N=64: 256 KiB, N=256: 1 MiB).
+//   Scatter rings need N-1 blocks per entry: N * E * (N-1) * 256 bytes in
+// all (N=16: 1.9 MiB), so they stop at N = kEagerScatterMaxRanks (16); past
+// it a small scatter takes the direct buffers (scatter_eager) and the region
+// keeps one block per entry for gathers (N=64: 512 KiB, N=256: 2 MiB).
 //   E: 32 entries measured faster than 16 and 8 for back-to-back gathers
 // and scatters at N=4 on the 2-core VM (loaded; to be re-measured), while
 // E + K stays below kDescRing; a larger E only delays a writer's mismatch
@@ -655,13 +656,22 @@ std::uint64_t eager_entry(Communicator::Impl& c) {
   return coll % e;
 }
 
+// The data of the block that starts at `line`: kEagerLineBytes in the line
+// itself, then the whole of the block's next lines (contiguous in the entry).
+std::byte* eager_data(detail::EagerLine& line) {
+  return reinterpret_cast<std::byte*>(&line) + offsetof(detail::EagerLine, data);
+}
+const std::byte* eager_data(const detail::EagerLine& line) {
+  return reinterpret_cast<const std::byte*>(&line) + offsetof(detail::EagerLine, data);
+}
+
 void eager_write(Communicator::Impl& c, detail::EagerLine& line, const void* data,
                  std::size_t bytes) {
   const CollectiveDesc& d = *c.current;
   line.count.store(d.count, std::memory_order_relaxed);
   line.kind_dtype_op_algorithm.store(eager_pack(d), std::memory_order_relaxed);
   line.root.store(d.root, std::memory_order_relaxed);
-  if (bytes > 0) std::memcpy(line.data, data, bytes);
+  if (bytes > 0) std::memcpy(eager_data(line), data, bytes);
   line.seq.store(c.collectives + 1, std::memory_order_release);
 }
 
@@ -738,7 +748,7 @@ void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, 
   for (int t = 1; t < n; ++t) {
     const int w = (me + t) % n;
     const detail::EagerLine& line = wait_eager_line(c, w, 0);
-    if (bytes > 0) std::memcpy(out + static_cast<std::size_t>(w) * bytes, line.data, bytes);
+    if (bytes > 0) std::memcpy(out + static_cast<std::size_t>(w) * bytes, eager_data(line), bytes);
   }
 }
 
@@ -754,15 +764,18 @@ void scatter_eager_ring(Communicator::Impl& c, const std::byte* in, void* recv, 
     const std::uint64_t entry = eager_entry(c);
     for (int j = 0; j < n; ++j)
       if (j != root)
-        eager_write(c, c.seg->eager_line(me, entry, algo::lane_index(root, j, n)),
-                    in + static_cast<std::size_t>(j) * bytes, bytes);
+        eager_write(
+            c,
+            c.seg->eager_line(me, entry, algo::lane_index(root, j, n) * detail::kEagerBlockLines),
+            in + static_cast<std::size_t>(j) * bytes, bytes);
     c.announce();
     eager_remember(c);
     return;
   }
   c.announce();
-  const detail::EagerLine& line = wait_eager_line(c, root, algo::lane_index(root, me, n));
-  if (bytes > 0) std::memcpy(recv, line.data, bytes);
+  const detail::EagerLine& line =
+      wait_eager_line(c, root, algo::lane_index(root, me, n) * detail::kEagerBlockLines);
+  if (bytes > 0) std::memcpy(recv, eager_data(line), bytes);
 }
 
 // Peer q's descriptor of collective `coll`, or nullopt when the entry holds

@@ -215,7 +215,7 @@ class SHMRING_API Communicator {
   /// elsewhere. In place at the root when send == recv + root*count. A
   /// small gather is eager: a non-root returns once its block is deposited,
   /// and learns of a disagreement (root, count) at its next call at the
-  /// latest, or within 32 calls for blocks of at most 40 bytes (those may
+  /// latest, or within 32 calls for blocks of at most 232 bytes (those may
   /// run up to 32 gathers ahead of the root).
   void gather(const void* send, void* recv, std::size_t count, DataType dtype, int root);
 
@@ -224,7 +224,7 @@ class SHMRING_API Communicator {
   /// at the root when recv == send + root*count. A small scatter's root
   /// returns once the blocks are deposited and learns of a disagreement at
   /// its next call at the latest, or within 32 calls for blocks of at most
-  /// 40 bytes at size() <= 32 (those may run up to 32 scatters ahead).
+  /// 232 bytes at size() <= 16 (those may run up to 32 scatters ahead).
   void scatter(const void* send, void* recv, std::size_t count, DataType dtype, int root);
 
   /// Allgatherv (MPI_Allgatherv): every rank's `send` (send_count elements,
