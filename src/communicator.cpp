@@ -168,11 +168,11 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
   // The peer runs elsewhere: yielding gains it nothing, and with a task of
   // another program runnable here (foreign load) sched_yield hands that task
   // our CPU until its slice ends, while the peer's answer waits. Measured
-  // under one busy loop per CPU on the 2-core VM (SHMRING_SPIN_US=200
-  // SHMRING_YIELD_US=0 against the old defaults, 2 runs each): send/recv
-  // 8 B 0.24-0.61 us instead of 43-794 (Open MPI, which never yields:
-  // 0.19-0.39), 64 KiB 20-24 us instead of 32-1545 (MPI 29-37). Without
-  // foreign load a spin and a yield loop cost the same.
+  // under one busy loop per CPU on the 2-core VM (this policy against the
+  // old one and Open MPI, which never yields; 4 interleaved runs each):
+  // send/recv 64 KiB 14-83 us vs 823-3366 vs 14-173; allreduce 64 KiB
+  // 15-19 vs 15-153 vs 17-397 (bench/README.md). Without foreign load a
+  // spin and a yield loop cost the same.
   policy.spin_ns += policy.yield_ns;
   policy.yield_ns = 0;
   return policy;
