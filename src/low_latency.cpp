@@ -62,14 +62,7 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
   if (!ready()) {
     // Spin only while the peer runs on a CPU of its own (placement.hpp).
     detail::WaitPolicy policy = policy_for(peer);
-    if (policy.spin_ns > 0) {
-      const auto start = detail::Clock::now();
-      while (!ready()) {
-        for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();
-        if ((detail::Clock::now() - start).count() >= policy.spin_ns) break;
-      }
-    }
-    if (!ready()) {
+    if (!detail::spin_until(policy, ready)) {
       // Leaving the spin: announce now, so that a peer asleep on our
       // `announced` wakes, and a peer on another path can check our
       // descriptor. `announced` is published after the line: once the

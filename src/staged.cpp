@@ -693,14 +693,7 @@ const detail::EagerLine& wait_eager_line(Communicator::Impl& c, int peer, std::u
   auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
   if (!ready()) {
     detail::WaitPolicy policy = c.policy_for(peer);  // as wait_low_latency
-    if (policy.spin_ns > 0) {
-      const auto start = detail::Clock::now();
-      while (!ready()) {
-        for (int i = 0; i < 64 && !ready(); ++i) detail::cpu_relax();
-        if ((detail::Clock::now() - start).count() >= policy.spin_ns) break;
-      }
-    }
-    if (!ready()) {
+    if (!detail::spin_until(policy, ready)) {
       policy.spin_ns = 0;
       std::optional<detail::Clock::time_point> wait_deadline;
       detail::Counter& announced = c.area(peer).announced;
@@ -810,18 +803,10 @@ struct PeerCall {
 };
 
 PeerCall read_peer_call(Communicator::Impl& c, int q, std::uint64_t coll) {
-  auto& desc = c.area(q).desc[coll % detail::kDescRing];
-  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-  const CollectiveDesc theirs{
-      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-      desc.count.load(std::memory_order_relaxed),
-      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-      ReduceOp::sum,
-      desc.root.load(std::memory_order_relaxed),
-      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
-  std::atomic_thread_fence(std::memory_order_acquire);
-  const bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
-  return {!torn && seq == coll + 1, theirs};
+  std::optional<CollectiveDesc> d = eager_desc_of(c, q, coll);
+  if (!d) return {false, CollectiveDesc{}};
+  d->op = ReduceOp::sum;  // gather and scatter have none: describe() shows sum
+  return {true, *d};
 }
 
 // Kind, count, datatype, root and algorithm agree (no operator to compare).

@@ -68,6 +68,23 @@ struct WaitPolicy {
   long sleep_slice_us = 10'000;  // futex sleeps this long at most between slow checks
 };
 
+/// Polls `ready()` for the policy's spin phase (none when spin_ns is 0);
+/// returns whether it became true. For waits on a flag other than a
+/// Counter (a line's `seq`), before they fall back to a counter's slow path.
+template <class Ready>
+bool spin_until(const WaitPolicy& p, Ready&& ready) {
+  if (ready()) return true;
+  if (p.spin_ns <= 0) return false;
+  const auto start = Clock::now();
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      cpu_relax();
+    }
+    if ((Clock::now() - start).count() >= p.spin_ns) return ready();
+  }
+}
+
 /// Waits until c.value >= target. `slow_check()` runs every ~sleep slice once
 /// the spin phase is over; it throws to end the wait (abort, dead peer,
 /// deadline). Returns the value seen.
