@@ -50,7 +50,7 @@ struct Config {
   std::size_t slot_bytes = 0;
   int threads = 1;
   double timeout_s = 0;
-  double spin_us = 0;              ///< Busy-wait (pause) phase of a wait, microseconds.
+  double spin_us = 0;  ///< Busy-wait (pause) phase of a wait, microseconds.
   /// sched_yield phase after the spin, before futex sleep, microseconds;
   /// while the awaited rank runs on another CPU (and ranks <= CPUs) a wait
   /// spins through it instead: yielding would not help that rank.
@@ -255,9 +255,10 @@ class SHMRING_API Communicator {
   /// header, larger ones in this rank's 64 KiB outbox in the segment): send
   /// returns at once, and a mismatch the receiver finds is thrown by the
   /// next send to that peer. Larger ones, and buffered sizes when the
-  /// outbox is full, return once the receiver has taken the data. Thread-safe: several threads may send and
-  /// receive on one communicator at once. PeerFailureError, TimeoutError
-  /// (SHMRING_TIMEOUT), AbortedError as collectives.
+  /// outbox is full, return once the receiver has taken the data.
+  /// Thread-safe: several threads may send and receive on one communicator
+  /// at once. PeerFailureError, TimeoutError (SHMRING_TIMEOUT), AbortedError
+  /// as collectives.
   void send(const void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
   /// Receives `count` elements of `dtype` from `peer` (!= rank()) with `tag`.
   void recv(void* buffer, std::size_t count, DataType dtype, int peer, int tag = 0);
