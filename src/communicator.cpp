@@ -223,14 +223,13 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   // rank unless an algorithm is forced (SHMRING_ALGO=direct keeps testing
   // the direct path at every size).
   if (kind == CollectiveKind::barrier) return Algorithm::low_latency;
-  if (kind == CollectiveKind::allreduce && payload <= detail::kLowLatencyBytes &&
-      config.algorithm == "auto")
+  if (kind == CollectiveKind::allreduce && payload <= detail::kLowLatencyBytes && !forced_algorithm)
     return Algorithm::low_latency;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
-  if (config.algorithm == "ring") return Algorithm::ring;
-  if (config.algorithm == "two_shot" && kind == CollectiveKind::allreduce)
+  if (forced_algorithm == Algorithm::ring) return Algorithm::ring;
+  if (forced_algorithm == Algorithm::two_shot && kind == CollectiveKind::allreduce)
     return Algorithm::two_shot;
-  if (config.algorithm == "direct") return Algorithm::direct;
+  if (forced_algorithm == Algorithm::direct) return Algorithm::direct;
   if (kind == CollectiveKind::allreduce) {
     // Measured crossovers (allreduce_perf, SHMRING_ALGO=direct|ring, float32;
     // bench/README.md). The choice depends only on N and on oversubscription,
@@ -511,6 +510,12 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   Impl& c = *impl_;
   c.config = detail::resolve_config(options);
   Config& cfg = c.config;
+  if (cfg.algorithm == "ring")
+    c.forced_algorithm = Algorithm::ring;
+  else if (cfg.algorithm == "direct")
+    c.forced_algorithm = Algorithm::direct;
+  else if (cfg.algorithm == "two_shot")
+    c.forced_algorithm = Algorithm::two_shot;
   detail::set_log_rank(cfg.rank);
   // Checked before attaching, so that a bad value fails alone, at once.
   cfg.progress_cpu = c.progress_cpu = detail::progress_cpu_from_env(cfg.rank);

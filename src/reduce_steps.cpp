@@ -74,13 +74,10 @@ void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, boo
   });
 }
 
-void reduce_in_rank_order(Communicator::Impl& c, std::byte* out,
-                          const std::function<const std::byte*(int)>& src, int nsrc, std::size_t m,
-                          DataType dtype, ReduceOp op) {
+void reduce_in_rank_order_blocks(Communicator::Impl& c, std::byte* out,
+                                 const std::function<const std::byte*(int)>& src, int nsrc,
+                                 std::size_t m, DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  const bool wide = detail::reduces_wide(dtype, op);
-  const ReduceOp step_op = op == ReduceOp::avg ? ReduceOp::sum : op;
-  const int divisor = op == ReduceOp::avg ? nsrc : 1;
   // Block by block, every rank's contribution to a block before the next
   // block: the partial (in `out`, or the float64 accumulator) stays in cache.
   auto run = [&](std::size_t begin, std::size_t count) {
@@ -88,23 +85,8 @@ void reduce_in_rank_order(Communicator::Impl& c, std::byte* out,
     for (std::size_t i = begin; i < begin + count; i += kBlockElems) {
       const std::size_t k = std::min(kBlockElems, begin + count - i);
       const std::size_t off = i * es;
-      std::byte* o = out + off;
-      if (!wide) {
-        for (int q = 1; q < nsrc; ++q) {
-          const std::byte* a = q == 1 ? src(0) + off : o;
-          if (q == nsrc - 1)
-            detail::reduce(o, a, src(q) + off, k, dtype, op, divisor);
-          else
-            detail::reduce(o, a, src(q) + off, k, dtype, step_op);
-        }
-      } else if (nsrc == 2) {
-        detail::reduce_to_narrow(o, src(0) + off, false, src(1) + off, k, dtype, op, divisor);
-      } else {
-        detail::reduce_to_wide(acc, src(0) + off, false, src(1) + off, k, dtype, op);
-        for (int q = 2; q < nsrc - 1; ++q)
-          detail::reduce_to_wide(acc, acc, true, src(q) + off, k, dtype, op);
-        detail::reduce_to_narrow(o, acc, true, src(nsrc - 1) + off, k, dtype, op, divisor);
-      }
+      reduce_block_in_rank_order(
+          out + off, [&](int q) { return src(q) + off; }, nsrc, k, dtype, op, acc);
     }
   };
   for_grains(c, m, es, run);

@@ -338,6 +338,71 @@ void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dty
   }
 }
 
+#if !defined(SHMRING_KERNEL_COPY_SVE)
+namespace {
+template <class T>
+SHMRING_INLINE bool short_loop(void* d, const void* a, const void* b, std::size_t n, ReduceOp op,
+                               int div) {
+  switch (op) {
+    case ReduceOp::sum:
+      loop<T>(
+          d, a, b, n, [](T x, T y) __attribute__((always_inline)) { return add(x, y); });
+      return true;
+    case ReduceOp::prod:
+      loop<T>(
+          d, a, b, n, [](T x, T y) __attribute__((always_inline)) { return mul(x, y); });
+      return true;
+    case ReduceOp::min:
+      loop<T>(
+          d, a, b, n, [](T x, T y) __attribute__((always_inline)) { return vmin(x, y); });
+      return true;
+    case ReduceOp::max:
+      loop<T>(
+          d, a, b, n, [](T x, T y) __attribute__((always_inline)) { return vmax(x, y); });
+      return true;
+    case ReduceOp::avg:
+      if constexpr (std::is_floating_point_v<T>) {
+        const T q = static_cast<T>(div);
+        loop<T>(
+            d, a, b, n, [q](T x, T y) __attribute__((always_inline)) { return (x + y) / q; });
+        return true;
+      }
+      return false;
+  }
+  return false;
+}
+}  // namespace
+
+void reduce_short(void* dst, const void* a, const void* b, std::size_t n, DataType dtype,
+                  ReduceOp op, int divisor) {
+  bool done = false;
+  switch (dtype) {
+    case DataType::float32:
+      done = short_loop<float>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::float64:
+      done = short_loop<double>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::int8:
+      done = short_loop<std::int8_t>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::uint8:
+      done = short_loop<std::uint8_t>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::int32:
+      done = short_loop<std::int32_t>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::int64:
+      done = short_loop<std::int64_t>(dst, a, b, n, op, divisor);
+      break;
+    case DataType::float16:
+    case DataType::bfloat16:
+      break;
+  }
+  if (!done) reduce(dst, a, b, n, dtype, op, divisor);
+}
+#endif
+
 const char* kernel_isa() {
 #if defined(SHMRING_KERNEL_COPY_SVE)
   return "sve";

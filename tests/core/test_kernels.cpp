@@ -30,6 +30,15 @@ __attribute__((target("f16c"))) std::uint16_t hardware_float_to_half(float f) {
 }
 #endif
 
+using Kernel = void (*)(void*, const void*, const void*, std::size_t, DataType, ReduceOp, int);
+
+// The kernels that must agree on n elements: reduce, and reduce_short for
+// the few elements it serves (the small collectives' path).
+std::vector<Kernel> kernels_for(std::size_t n) {
+  if (n <= kShortReduceElems) return {reduce, reduce_short};
+  return {reduce};
+}
+
 // Scalar reference of one element, on the decoded values.
 template <class T>
 T ref_op(ReduceOp op, T a, T b, int div) {
@@ -91,30 +100,32 @@ void check_type(DataType dt) {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
     if (op == ReduceOp::avg && !std::is_floating_point_v<T>) continue;
     for (std::size_t misalign : {0u, 2u, 4u}) {
-      for (std::size_t n : {1u, 3u, 7u, 15u, 17u, 31u, 33u, 63u, 65u, 127u, 1000u, 4099u}) {
-        std::vector<unsigned char> ba(n * sizeof(T) + 8), bb(ba.size()), bd(ba.size());
-        std::vector<T> a(n), b(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          a[i] = random_value<T>(g, static_cast<int>(g() % 64));
-          b[i] = random_value<T>(g, static_cast<int>(g() % 64));
+      for (std::size_t n : {1u, 3u, 7u, 15u, 16u, 17u, 31u, 33u, 63u, 65u, 127u, 1000u, 4099u})
+        for (Kernel kernel : kernels_for(n)) {
+          std::vector<unsigned char> ba(n * sizeof(T) + 8), bb(ba.size()), bd(ba.size());
+          std::vector<T> a(n), b(n);
+          for (std::size_t i = 0; i < n; ++i) {
+            a[i] = random_value<T>(g, static_cast<int>(g() % 64));
+            b[i] = random_value<T>(g, static_cast<int>(g() % 64));
+          }
+          std::memcpy(ba.data() + misalign, a.data(), n * sizeof(T));
+          std::memcpy(bb.data() + misalign, b.data(), n * sizeof(T));
+          const int div = 3;
+          kernel(bd.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, div);
+          // In place (dst == a) must give the same result.
+          kernel(ba.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, div);
+          for (std::size_t i = 0; i < n; ++i) {
+            T got, got_inplace;
+            std::memcpy(&got, bd.data() + misalign + i * sizeof(T), sizeof(T));
+            std::memcpy(&got_inplace, ba.data() + misalign + i * sizeof(T), sizeof(T));
+            T want = ref_op<T>(op, a[i], b[i], div);
+            INFO("type ", to_string(dt), " op ", to_string(op), " n ", n, " misalign ", misalign,
+                 " i ", i, " a ", double(a[i]), " b ", double(b[i]), " kernel ",
+                 kernel == reduce ? "reduce" : "reduce_short");
+            REQUIRE(same_bits_or_both_nan(double(got), double(want)));
+            REQUIRE(same_bits_or_both_nan(double(got_inplace), double(want)));
+          }
         }
-        std::memcpy(ba.data() + misalign, a.data(), n * sizeof(T));
-        std::memcpy(bb.data() + misalign, b.data(), n * sizeof(T));
-        const int div = 3;
-        reduce(bd.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, div);
-        // In place (dst == a) must give the same result.
-        reduce(ba.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, div);
-        for (std::size_t i = 0; i < n; ++i) {
-          T got, got_inplace;
-          std::memcpy(&got, bd.data() + misalign + i * sizeof(T), sizeof(T));
-          std::memcpy(&got_inplace, ba.data() + misalign + i * sizeof(T), sizeof(T));
-          T want = ref_op<T>(op, a[i], b[i], div);
-          INFO("type ", to_string(dt), " op ", to_string(op), " n ", n, " misalign ", misalign,
-               " i ", i, " a ", double(a[i]), " b ", double(b[i]));
-          REQUIRE(same_bits_or_both_nan(double(got), double(want)));
-          REQUIRE(same_bits_or_both_nan(double(got_inplace), double(want)));
-        }
-      }
     }
   }
 }
@@ -127,28 +138,29 @@ void check_16bit(DataType dt) {
   std::mt19937_64 g(7);
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
     for (std::size_t misalign : {0u, 1u, 2u}) {
-      for (std::size_t n : {1u, 7u, 9u, 1023u, 1025u, 3000u}) {
-        std::vector<std::uint16_t> a(n), b(n);
-        for (std::size_t i = 0; i < n; ++i) {
-          a[i] = static_cast<std::uint16_t>(g());
-          b[i] = static_cast<std::uint16_t>(g());
+      for (std::size_t n : {1u, 7u, 9u, 1023u, 1025u, 3000u})
+        for (Kernel kernel : kernels_for(n)) {
+          std::vector<std::uint16_t> a(n), b(n);
+          for (std::size_t i = 0; i < n; ++i) {
+            a[i] = static_cast<std::uint16_t>(g());
+            b[i] = static_cast<std::uint16_t>(g());
+          }
+          std::vector<unsigned char> ba(2 * n + 4), bb(2 * n + 4), bd(2 * n + 4);
+          std::memcpy(ba.data() + misalign, a.data(), 2 * n);
+          std::memcpy(bb.data() + misalign, b.data(), 2 * n);
+          kernel(bd.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, 5);
+          for (std::size_t i = 0; i < n; ++i) {
+            std::uint16_t got;
+            std::memcpy(&got, bd.data() + misalign + 2 * i, 2);
+            float want_f = ref_op<float>(op, to_f(a[i]), to_f(b[i]), 5);
+            std::uint16_t want = from_f(want_f);
+            INFO("type ", to_string(dt), " op ", to_string(op), " i ", i, " a ", a[i], " b ", b[i]);
+            if (std::isnan(want_f))
+              REQUIRE(std::isnan(to_f(got)));
+            else
+              REQUIRE(got == want);
+          }
         }
-        std::vector<unsigned char> ba(2 * n + 4), bb(2 * n + 4), bd(2 * n + 4);
-        std::memcpy(ba.data() + misalign, a.data(), 2 * n);
-        std::memcpy(bb.data() + misalign, b.data(), 2 * n);
-        reduce(bd.data() + misalign, ba.data() + misalign, bb.data() + misalign, n, dt, op, 5);
-        for (std::size_t i = 0; i < n; ++i) {
-          std::uint16_t got;
-          std::memcpy(&got, bd.data() + misalign + 2 * i, 2);
-          float want_f = ref_op<float>(op, to_f(a[i]), to_f(b[i]), 5);
-          std::uint16_t want = from_f(want_f);
-          INFO("type ", to_string(dt), " op ", to_string(op), " i ", i, " a ", a[i], " b ", b[i]);
-          if (std::isnan(want_f))
-            REQUIRE(std::isnan(to_f(got)));
-          else
-            REQUIRE(got == want);
-        }
-      }
     }
   }
 }

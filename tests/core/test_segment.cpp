@@ -202,6 +202,13 @@ TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values"
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "12345", "multiple of 4096"), "bytes");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_TIMEOUT", "soon", "SHMRING_TIMEOUT='soon'"),
                         "timeout");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_ALGO", "fastest", "SHMRING_ALGO='fastest'"),
+                        "algorithm from the environment");
+    setenv("SHMRING_ALGO", "Two-Shot", 1);
+    c = detail::resolve_config({});
+    SHMRING_CHILD_CHECK(c.algorithm == "two_shot", "SHMRING_ALGO spelling: %s",
+                        c.algorithm.c_str());
+    unsetenv("SHMRING_ALGO");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_JOB_ID", "a/b", "job id 'a/b'"), "job id");
     setenv("SHMRING_WORLD_SIZE", "3", 1);
     SHMRING_CHILD_CHECK(expect_error("SHMRING_RANK", "3", "SHMRING_RANK='3'"), "rank range");
