@@ -277,33 +277,11 @@ TEST_CASE("more eager messages than the outbox holds, none received yet: some go
   }
 }
 
-TEST_CASE("100k small messages ping-ponged between a pair, in order") {
-  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
-    const int r = comm.rank(), p = 1 - r;
-    constexpr int kMsgs = 100000;
-    for (int i = 0; i < kMsgs; ++i) {
-      std::int64_t out = value(r, p, 0, static_cast<std::size_t>(i)), in = -1;
-      if (r == 0) {
-        comm.send(&out, 1, DataType::int64, p, 0);
-        comm.recv(&in, 1, DataType::int64, p, 0);
-      } else {
-        comm.recv(&in, 1, DataType::int64, p, 0);
-        comm.send(&out, 1, DataType::int64, p, 0);
-      }
-      SHMRING_CHILD_CHECK(in == value(p, r, 0, static_cast<std::size_t>(i)), "msg %d: %lld", i,
-                          static_cast<long long>(in));
-    }
-  })));
-}
-
-// Ranks that never spin or yield sleep on their doorbell at once: every
-// small message must wake its receiver (the light ring, p2p.cpp's header
-// comment) and every freed header window its sender. A lost wake-up costs a
-// 10 ms sleep slice, so a systematic one would take >= 30 s here.
-void sleeping_ping_pong_and_bursts(Communicator& comm) {
+// `msgs` 8-byte messages back and forth between ranks 0 and 1 on tag 0,
+// each checked against its sender's value for that index.
+void ping_pong(Communicator& comm, int msgs) {
   const int r = comm.rank(), p = 1 - r;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 1500; ++i) {
+  for (int i = 0; i < msgs; ++i) {
     std::int64_t out = value(r, p, 0, static_cast<std::size_t>(i)), in = -1;
     if (r == 0) {
       comm.send(&out, 1, DataType::int64, p, 0);
@@ -315,6 +293,20 @@ void sleeping_ping_pong_and_bursts(Communicator& comm) {
     SHMRING_CHILD_CHECK(in == value(p, r, 0, static_cast<std::size_t>(i)), "msg %d: %lld", i,
                         static_cast<long long>(in));
   }
+}
+
+TEST_CASE("100k small messages ping-ponged between a pair, in order") {
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) { ping_pong(comm, 100000); })));
+}
+
+// Ranks that never spin or yield sleep on their doorbell at once: every
+// small message must wake its receiver (the light ring, p2p.cpp's header
+// comment) and every freed header window its sender. A lost wake-up costs a
+// 10 ms sleep slice, so a systematic one would take >= 30 s here.
+void sleeping_ping_pong_and_bursts(Communicator& comm) {
+  const int r = comm.rank(), p = 1 - r;
+  const auto start = std::chrono::steady_clock::now();
+  ping_pong(comm, 1500);
   // Bursts of 3 windows: the sender waits for freed headers.
   for (int b = 0; b < 100; ++b) {
     for (int i = 0; i < 24; ++i) {
