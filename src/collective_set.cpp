@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -33,22 +34,40 @@ void validated(Communicator::Impl& c, F&& checks) {
   }
 }
 
-std::vector<std::size_t> checked_vector(const Communicator::Impl& c, const char* what,
-                                        const char* name, std::span<const std::size_t> v) {
+// A VectorArgs for the next call: the communicator's spare one when no
+// queued request still holds it (only the Impl's reference is left), else
+// a new one that becomes the spare.
+std::shared_ptr<VectorArgs> vector_args(Communicator::Impl& c) {
+  auto& v = c.spare_vector_args;
+  if (!v || v.use_count() != 1) {
+    v = std::make_shared<VectorArgs>();
+    return v;
+  }
+  // The progress thread dropped its reference after its last read (an
+  // acq_rel decrement); this fence orders that read before our writes.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  for (auto* f : {&v->send_counts, &v->send_displs, &v->recv_counts, &v->recv_displs}) f->clear();
+  return v;
+}
+
+void checked_vector(const Communicator::Impl& c, const char* what, const char* name,
+                    std::span<const std::size_t> v, std::vector<std::size_t>& out) {
   if (v.size() != static_cast<std::size_t>(c.size))
     throw InvalidArgumentError(fmt::format("rank {}: {}: {} has {} entries, expected size() = {}",
                                            c.rank, what, name, v.size(), c.size));
-  return {v.begin(), v.end()};
+  out.assign(v.begin(), v.end());  // keeps the capacity of a reused VectorArgs
 }
 
-// Byte ranges [begin, end) of the blocks (displs[j], counts[j]) in a buffer;
-// refuses overflow. Empty blocks are left out.
-std::vector<std::pair<std::size_t, std::size_t>> block_ranges(
-    const Communicator::Impl& c, const char* what, const char* name,
-    const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs,
-    DataType dtype) {
+using Blocks = std::vector<std::pair<std::size_t, std::size_t>>;
+
+// Byte ranges [begin, end) of the blocks (displs[j], counts[j]) in a buffer,
+// into `out` (a scratch list of the Impl); refuses overflow. Empty blocks
+// are left out.
+Blocks& block_ranges(const Communicator::Impl& c, const char* what, const char* name,
+                     const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs,
+                     DataType dtype, Blocks& out) {
   const std::size_t es = datatype_size(dtype);
-  std::vector<std::pair<std::size_t, std::size_t>> out;
+  out.clear();
   for (std::size_t j = 0; j < counts.size(); ++j) {
     std::size_t end = 0, end_bytes = 0;
     if (__builtin_add_overflow(displs[j], counts[j], &end) ||
@@ -61,15 +80,15 @@ std::vector<std::pair<std::size_t, std::size_t>> block_ranges(
   return out;
 }
 
-std::size_t extent(const std::vector<std::pair<std::size_t, std::size_t>>& blocks) {
+std::size_t extent(const Blocks& blocks) {
   std::size_t e = 0;
   for (auto& b : blocks) e = std::max(e, b.second);
   return e;
 }
 
-// The receive blocks must not overlap each other (they are written).
-void check_blocks_disjoint(const Communicator::Impl& c, const char* what,
-                           std::vector<std::pair<std::size_t, std::size_t>> blocks) {
+// The receive blocks must not overlap each other (they are written). Sorts
+// `blocks` in place.
+void check_blocks_disjoint(const Communicator::Impl& c, const char* what, Blocks& blocks) {
   std::sort(blocks.begin(), blocks.end());
   for (std::size_t i = 1; i < blocks.size(); ++i)
     if (blocks[i].first < blocks[i - 1].second)
@@ -82,8 +101,7 @@ void check_blocks_disjoint(const Communicator::Impl& c, const char* what,
 
 // No receive block may overlap [send, send + send_bytes).
 void check_send_apart(const Communicator::Impl& c, const char* what, const void* send,
-                      std::size_t send_bytes, const void* recv,
-                      const std::vector<std::pair<std::size_t, std::size_t>>& recv_blocks) {
+                      std::size_t send_bytes, const void* recv, const Blocks& recv_blocks) {
   if (send_bytes == 0 || recv == nullptr) return;
   const auto s = reinterpret_cast<std::uintptr_t>(send);
   const auto r = reinterpret_cast<std::uintptr_t>(recv);
@@ -136,22 +154,24 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
                   std::span<const std::size_t> sd, void* recv, std::span<const std::size_t> rc,
                   std::span<const std::size_t> rd, DataType dtype) {
   const char* what = "alltoallv";
-  auto v = std::make_shared<VectorArgs>();
+  auto v = vector_args(c);
   std::uint64_t largest_block = 0;  // bytes, to one peer
   validated(c, [&] {
     check_dtype(c, what, dtype);
-    v->send_counts = checked_vector(c, what, "send_counts", sc);
-    v->send_displs = checked_vector(c, what, "send_displs", sd);
-    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
-    v->recv_displs = checked_vector(c, what, "recv_displs", rd);
+    checked_vector(c, what, "send_counts", sc, v->send_counts);
+    checked_vector(c, what, "send_displs", sd, v->send_displs);
+    checked_vector(c, what, "recv_counts", rc, v->recv_counts);
+    checked_vector(c, what, "recv_displs", rd, v->recv_displs);
     const auto me = static_cast<std::size_t>(c.rank);
     if (v->send_counts[me] != v->recv_counts[me])
       throw InvalidArgumentError(fmt::format(
           "rank {}: alltoallv: send_counts[{}]={} but recv_counts[{}]={}; a rank's block to "
           "itself must have one size",
           c.rank, me, v->send_counts[me], me, v->recv_counts[me]));
-    auto sblocks = block_ranges(c, what, "send", v->send_counts, v->send_displs, dtype);
-    auto rblocks = block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype);
+    auto& sblocks =
+        block_ranges(c, what, "send", v->send_counts, v->send_displs, dtype, c.scratch_send_blocks);
+    auto& rblocks =
+        block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype, c.scratch_recv_blocks);
     check_pointer(c, what, "send", send, extent(sblocks));
     check_pointer(c, what, "recv", recv, extent(rblocks));
     check_blocks_disjoint(c, what, rblocks);
@@ -217,11 +237,11 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
                    std::span<const std::size_t> rc, std::span<const std::size_t> displs,
                    DataType dtype) {
   const char* what = "allgatherv";
-  auto v = std::make_shared<VectorArgs>();
+  auto v = vector_args(c);
   validated(c, [&] {
     check_dtype(c, what, dtype);
-    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
-    v->recv_displs = checked_vector(c, what, "displs", displs);
+    checked_vector(c, what, "recv_counts", rc, v->recv_counts);
+    checked_vector(c, what, "displs", displs, v->recv_displs);
     const auto me = static_cast<std::size_t>(c.rank);
     if (send_count != v->recv_counts[me])
       throw InvalidArgumentError(
@@ -229,7 +249,8 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
                       send_count, me, v->recv_counts[me]));
     sum_counts(c, what, v->recv_counts, dtype);
     const std::size_t bytes = checked_bytes(c, what, send_count, dtype, 1);
-    auto rblocks = block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype);
+    auto& rblocks =
+        block_ranges(c, what, "recv", v->recv_counts, v->recv_displs, dtype, c.scratch_recv_blocks);
     check_pointer(c, what, "send", send, bytes);
     check_pointer(c, what, "recv", recv, extent(rblocks));
     check_blocks_disjoint(c, what, rblocks);
@@ -247,11 +268,11 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
 Op make_reduce_scatter_v(Communicator::Impl& c, const void* send, void* recv,
                          std::span<const std::size_t> rc, DataType dtype, ReduceOp op) {
   const char* what = "reduce_scatter_v";
-  auto v = std::make_shared<VectorArgs>();
+  auto v = vector_args(c);
   validated(c, [&] {
     check_dtype(c, what, dtype);
     check_op(c, what, dtype, op);
-    v->recv_counts = checked_vector(c, what, "recv_counts", rc);
+    checked_vector(c, what, "recv_counts", rc, v->recv_counts);
     const std::size_t total = sum_counts(c, what, v->recv_counts, dtype);
     const std::size_t es = datatype_size(dtype);
     std::size_t before = 0;

@@ -618,6 +618,51 @@ TEST_CASE("bad arguments: InvalidArgumentError here, MismatchError on the peers"
   check_all(st);
 }
 
+TEST_CASE("a pending v-collective keeps its counts while later calls bring other ones") {
+  // The front reuses a v-collective's argument copies once no request holds
+  // them: a queued iallgatherv must keep its own counts while a blocking
+  // call and another queued one with different counts follow.
+  for (int n : {2, 3}) {
+    INFO("n=", n);
+    check_all(run_ranks(n, [&](Communicator& c) {
+      const int me = c.rank();
+      for (int it = 0; it < 20; ++it) {
+        std::vector<std::size_t> rc[3], d[3];
+        std::vector<std::int32_t> out[3], in[3];
+        for (int t = 0; t < 3; ++t) {
+          rc[t].resize(n);
+          for (int j = 0; j < n; ++j) rc[t][j] = static_cast<std::size_t>((j + 2 * t + it) % 4);
+          if (it % 5 == 0) rc[t][0] = 20000 + t;  // some calls take data rounds
+          out[t].assign(reverse_displs(rc[t], d[t]), -7);
+          in[t].resize(rc[t][me]);
+          for (std::size_t i = 0; i < in[t].size(); ++i) in[t][i] = val(me, i + 100 * t + it);
+        }
+        Request first =
+            c.iallgatherv(in[0].data(), rc[0][me], out[0].data(), rc[0], d[0], DataType::int32);
+        c.allgatherv(in[1].data(), rc[1][me], out[1].data(), rc[1], d[1], DataType::int32);
+        Request third =
+            c.iallgatherv(in[2].data(), rc[2][me], out[2].data(), rc[2], d[2], DataType::int32);
+        // The caller's vectors may change once the calls returned.
+        for (auto& v : rc) std::fill(v.begin(), v.end(), 0);
+        first.wait();
+        third.wait();
+        for (int t = 0; t < 3; ++t) {
+          std::size_t at = 1;  // reverse_displs: block j after blocks n-1..j+1
+          std::vector<std::size_t> count(n);
+          for (int j = 0; j < n; ++j) count[j] = static_cast<std::size_t>((j + 2 * t + it) % 4);
+          if (it % 5 == 0) count[0] = 20000 + t;
+          for (int j = n; j-- > 0;) {
+            for (std::size_t i = 0; i < count[j]; ++i)
+              SHMRING_CHILD_CHECK(out[t][at + i] == val(j, i + 100 * t + it),
+                                  "it %d call %d block %d [%zu]", it, t, j, i);
+            at += count[j] + 2;
+          }
+        }
+      }
+    }));
+  }
+}
+
 TEST_CASE("staged collectives interleaved with direct, two-shot and ring ones, many in flight") {
   // The staged collectives share the direct buffers with the one-shot and
   // two-shot paths: a rank that runs ahead must never overwrite a buffer a
