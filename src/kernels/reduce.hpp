@@ -26,10 +26,15 @@ void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dty
             int divisor = 1);
 
 /// As reduce(), for a few elements (kShortReduceElems or fewer): the same
-/// element-wise operations, hence the same bits, in a plain loop on the
-/// calling CPU's baseline instructions, without the per-kernel dispatch and
-/// the vector loop's set-up, which cost a 2-element reduction about 15 ns
-/// (a tenth of an 8-byte allreduce). 16-bit types go to reduce().
+/// element-wise operations, hence the same bits for every result that is
+/// not NaN, in a plain loop on the calling CPU's baseline instructions,
+/// without the per-kernel dispatch and the vector loop's set-up, which cost
+/// a 2-element reduction about 15 ns (a tenth of an 8-byte allreduce).
+/// When both inputs of a sum, prod or avg are NaN, the NaN returned (its
+/// payload and sign; IEEE 754 leaves them open) may differ from reduce()'s,
+/// as the two loops may order the operands differently; it is still the
+/// same on every rank, which runs the same loop for the same count.
+/// 16-bit types go to reduce().
 inline constexpr std::size_t kShortReduceElems = 16;
 void reduce_short(void* dst, const void* a, const void* b, std::size_t n, DataType dtype,
                   ReduceOp op, int divisor = 1);
