@@ -58,7 +58,7 @@ struct Config {
   std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
   int job_cpus = 0;                ///< CPUs the ranks' affinity masks cover together.
   bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
-  std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring or direct.
+  std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring, direct or two_shot.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
   /// SHMRING_MIGRATE: a rank whose wait finds the awaited peer on its own CPU
   /// moves to a CPU of its mask that no rank occupies (default on).
