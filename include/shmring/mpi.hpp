@@ -92,7 +92,8 @@ struct Options {
 /// avg is a sum divided once by size(). float16 and bfloat16 cross the
 /// network as float32 (each rank converts its shard, MPI sums in float32,
 /// one rounding back to 16 bits), because MPI has no 16-bit floating types.
-/// min and max propagate NaN across nodes as shmring does inside one.
+/// min and max keep shmring's IEEE 754-2019 minimum / maximum across nodes
+/// (-0 < +0; any NaN gives the default quiet NaN).
 ///
 /// Collective-call rules: every rank calls the same collectives in the same
 /// order with the same arguments. A disagreement between the ranks of one

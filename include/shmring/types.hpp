@@ -24,7 +24,10 @@ inline constexpr int kNumDataTypes = 8;
 
 /// Reduction operator. Integer sum and prod wrap around (two's complement), as
 /// in MPI and NCCL. `avg` is sum divided by the world size, on floating types
-/// only. NaN propagates through every operator, min and max included.
+/// only. NaN propagates through every operator. On floating types min and
+/// max are IEEE 754-2019 minimum and maximum: -0 < +0, and a NaN in any
+/// input gives the default quiet NaN, so their result bits do not depend on
+/// the order in which ranks are combined (the same on every path).
 enum class ReduceOp : std::uint8_t {
   sum = 0,
   prod = 1,

@@ -2,7 +2,9 @@
 
 #include "kernels/target.hpp"
 
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__x86_64__)
@@ -46,24 +48,44 @@ SHMRING_INLINE T mul(T a, T b) {
     return a * b;
   }
 }
-// min/max: NaN in either input gives NaN (blend form, so it vectorises).
+// min/max, floating point: IEEE 754-2019 minimum / maximum, with -0 < +0,
+// and any NaN input gives the default quiet NaN. Both are then commutative
+// to the bit, so a collective's result does not depend on the order in which
+// the ranks are combined (the ring and the direct path combine in different
+// orders): equal inputs differ only as -0 / +0, where OR of the bits gives
+// min's -0 and AND gives max's +0. Blend form, so it vectorises.
+template <class T>
+SHMRING_INLINE auto bits_of(T x) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  U u;
+  std::memcpy(&u, &x, sizeof x);
+  return u;
+}
+template <class T, class U>
+SHMRING_INLINE T from_bits(U u) {
+  T x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
 template <class T>
 SHMRING_INLINE T vmin(T a, T b) {
-  T r = b < a ? b : a;
   if constexpr (std::is_floating_point_v<T>) {
-    r = (a != a) ? a : r;
-    r = (b != b) ? b : r;
+    const T equal = from_bits<T>(bits_of(a) | bits_of(b));
+    const T r = b < a ? b : a < b ? a : equal;
+    return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : r;
+  } else {
+    return b < a ? b : a;
   }
-  return r;
 }
 template <class T>
 SHMRING_INLINE T vmax(T a, T b) {
-  T r = a < b ? b : a;
   if constexpr (std::is_floating_point_v<T>) {
-    r = (a != a) ? a : r;
-    r = (b != b) ? b : r;
+    const T equal = from_bits<T>(bits_of(a) & bits_of(b));
+    const T r = a < b ? b : b < a ? a : equal;
+    return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : r;
+  } else {
+    return a < b ? b : a;
   }
-  return r;
 }
 
 template <class T, class F>

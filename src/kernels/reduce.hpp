@@ -20,8 +20,10 @@ namespace shmring::detail {
 /// dst[i] = op(a[i], b[i]) for i < n. dst may alias a or b exactly (not
 /// partially). Pointers need no alignment. With op == avg, computes
 /// (a[i] + b[i]) / divisor (the last step of an average); divisor >= 1.
-/// Integer sum and prod wrap; min and max propagate NaN; avg on an integer
-/// type is the caller's error (not checked here).
+/// Integer sum and prod wrap; avg on an integer type is the caller's error
+/// (not checked here). Floating-point min and max are IEEE 754-2019 minimum
+/// and maximum (-0 < +0; any NaN input gives the default quiet NaN), so
+/// their result bits do not depend on the operands' order.
 void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dtype, ReduceOp op,
             int divisor = 1);
 

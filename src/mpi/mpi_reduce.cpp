@@ -11,14 +11,19 @@
 //   algorithm, and MPI's own vectorised float32 operators do the work. (A
 //   user-defined MPI_Op on MPI_UINT16_T would move half the bytes and round
 //   at every combining step.)
-// - min and max on floating types propagate NaN, as shmring's kernels do;
-//   MPI_MIN/MPI_MAX do not promise that, so they are user-defined operators.
+// - min and max on floating types are IEEE 754-2019 minimum / maximum
+//   (-0 < +0; any NaN gives the default quiet NaN), as shmring's kernels
+//   (kernels/reduce.hpp): commutative to the bit, so the result does not
+//   depend on how MPI orders the nodes. MPI_MIN/MPI_MAX promise neither, so
+//   they are user-defined operators.
 // - Buffers past 2^30 elements go in pieces (MPI counts are int).
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "impl.hpp"
 
@@ -84,15 +89,22 @@ bool is_16bit_float(DataType t) {
   return t == DataType::float16 || t == DataType::bfloat16;
 }
 
-// --- NaN-propagating min and max, for MPI_FLOAT and MPI_DOUBLE -------------
+// --- IEEE 754-2019 minimum and maximum, for MPI_FLOAT and MPI_DOUBLE ------
 
 template <class T, bool kMax>
 void nan_minmax(const T* in, T* inout, int n) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   for (int i = 0; i < n; ++i) {
     const T a = in[i], b = inout[i];
     T r = kMax ? (a > b ? a : b) : (a < b ? a : b);
-    if (a != a) r = a;
-    if (b != b) r = b;
+    if (a == b) {  // equal: the same bits, or -0 and +0 (min: -0, max: +0)
+      U ua, ub;
+      std::memcpy(&ua, &a, sizeof a);
+      std::memcpy(&ub, &b, sizeof b);
+      const U u = kMax ? (ua & ub) : (ua | ub);
+      std::memcpy(&r, &u, sizeof r);
+    }
+    if (a != a || b != b) r = std::numeric_limits<T>::quiet_NaN();
     inout[i] = r;
   }
 }

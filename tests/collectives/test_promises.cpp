@@ -310,3 +310,66 @@ TEST_CASE("results are bitwise identical on every rank, ring and direct, order-s
     munmap(mem, bytes);
   }
 }
+
+TEST_CASE("min and max give the same bits on every path: -0 < +0, any NaN is the default NaN") {
+  // Element i holds, on rank r, one of: -0 / +0 by (i + r) parity, so that
+  // every element meets both zeros in both orders over the ranks (the ring
+  // and the direct path combine in different orders); every 7th element a
+  // NaN with a payload of the rank's own on rank (i % n). float32 and
+  // float64, allreduce, reduce_scatter and reduce; direct, ring, two-shot
+  // and by size.
+  auto check = [](Communicator& comm) {
+    const int n = comm.size(), r = comm.rank();
+    const std::size_t count = 200 * static_cast<std::size_t>(n);  // above the direct cutoff at N=2
+    auto input = [&](std::size_t i) -> double {
+      if (i % 7 == 0 && static_cast<int>(i % static_cast<std::size_t>(n)) == r)
+        return -std::nan(std::to_string(r + 1).c_str());
+      return (i + static_cast<std::size_t>(r)) % 2 ? -0.0 : 0.0;
+    };
+    auto expect = [&](ReduceOp op, std::size_t i, double got) {
+      const bool nan = i % 7 == 0;
+      const double want =
+          nan ? std::numeric_limits<double>::quiet_NaN() : (op == ReduceOp::min ? -0.0 : 0.0);
+      return nan ? std::isnan(got) && !std::signbit(got)
+                 : (got == 0 && std::signbit(got) == std::signbit(want));
+    };
+    for (ReduceOp op : {ReduceOp::min, ReduceOp::max}) {
+      std::vector<float> f(count), fr(count / static_cast<std::size_t>(n));
+      std::vector<double> d(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        f[i] = static_cast<float>(input(i));
+        d[i] = input(i);
+      }
+      std::vector<float> fs = f;
+      comm.reduce_scatter(fs.data(), fr.data(), fr.size(), DataType::float32, op);
+      comm.allreduce(f.data(), f.data(), count, DataType::float32, op);
+      comm.allreduce(d.data(), d.data(), count, DataType::float64, op);
+      const float qnan_f = std::numeric_limits<float>::quiet_NaN();
+      const double qnan_d = std::numeric_limits<double>::quiet_NaN();
+      for (std::size_t i = 0; i < count; ++i) {
+        SHMRING_CHILD_CHECK(expect(op, i, f[i]) && expect(op, i, d[i]),
+                            "%s rank %d [%zu]: float32 %g (sign %d), float64 %g (sign %d)",
+                            op_name(op), r, i, f[i], std::signbit(f[i]), d[i], std::signbit(d[i]));
+        if (i % 7 == 0)
+          SHMRING_CHILD_CHECK(
+              std::memcmp(&f[i], &qnan_f, 4) == 0 && std::memcmp(&d[i], &qnan_d, 8) == 0,
+              "%s rank %d [%zu]: a NaN other than the default one", op_name(op), r, i);
+      }
+      const std::size_t base = fr.size() * static_cast<std::size_t>(r);
+      for (std::size_t i = 0; i < fr.size(); ++i)
+        SHMRING_CHILD_CHECK(expect(op, base + i, fr[i]), "reduce_scatter %s rank %d [%zu]: %g",
+                            op_name(op), r, base + i, fr[i]);
+      for (int root = 0; root < n; ++root) {
+        std::vector<double> x(count), y(count, 1.0);
+        for (std::size_t i = 0; i < count; ++i) x[i] = input(i);
+        comm.reduce(x.data(), y.data(), count, DataType::float64, op, root);
+        if (r == root)
+          for (std::size_t i = 0; i < count; ++i)
+            SHMRING_CHILD_CHECK(expect(op, i, y[i]), "reduce %s root %d [%zu]: %g", op_name(op),
+                                root, i, y[i]);
+      }
+    }
+  };
+  for (int n : {2, 3})
+    for (const char* algo : {"auto", "direct", "ring", "two_shot"}) run(n, algo, check);
+}

@@ -39,13 +39,15 @@ std::vector<Kernel> kernels_for(std::size_t n) {
   return {reduce};
 }
 
-// Scalar reference of one element, on the decoded values.
+// Scalar reference of one element, on the decoded values. Floating min and
+// max: IEEE 754-2019 minimum / maximum (-0 < +0, any NaN gives the default
+// quiet NaN), whatever the operands' order.
 template <class T>
 T ref_op(ReduceOp op, T a, T b, int div) {
   if constexpr (std::is_floating_point_v<T>) {
-    if (op != ReduceOp::sum && op != ReduceOp::prod && op != ReduceOp::avg) {
-      if (std::isnan(a)) return a;
-      if (std::isnan(b)) return b;
+    if (op == ReduceOp::min || op == ReduceOp::max) {
+      if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<T>::quiet_NaN();
+      if (a == b) return (std::signbit(a) == (op == ReduceOp::min)) ? a : b;
     }
   }
   switch (op) {
@@ -81,6 +83,8 @@ T random_value(std::mt19937_64& g, int special) {
         return -std::numeric_limits<T>::infinity();
       case 3:
         return T(0) * T(-1);
+      case 4:
+        return T(0);
       default:
         return static_cast<T>(std::uniform_real_distribution<double>(-100, 100)(g));
     }
@@ -124,6 +128,10 @@ void check_type(DataType dt) {
                  kernel == reduce ? "reduce" : "reduce_short");
             REQUIRE(same_bits_or_both_nan(double(got), double(want)));
             REQUIRE(same_bits_or_both_nan(double(got_inplace), double(want)));
+            if constexpr (std::is_floating_point_v<T>) {
+              if ((op == ReduceOp::min || op == ReduceOp::max) && std::isnan(want))
+                REQUIRE(std::memcmp(&got, &want, sizeof(T)) == 0);  // the default quiet NaN
+            }
           }
         }
     }
