@@ -71,6 +71,15 @@
 // order on two ranks, around collectives, always complete, and a blocking
 // recv completes while its sender sits in a collective after an isend.
 //
+// Fast paths: a blocking send of an eager message posts its header at once
+// (send_eager) when nothing is queued before it, and a blocking recv takes
+// the next message of its peer straight from the header entry (recv_eager)
+// when no request or unmatched message of that peer comes before it. Neither
+// makes an Op, reads the clock or touches another peer's channel; anything
+// else (a mismatch, another tag, a full entry window, a rendezvous message,
+// no message within a short poll) falls through to the general path above,
+// which also copies out the headers of every other peer.
+//
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
 // channels of 1 KiB (four 128-B lines of counters and verdicts, 8 headers of
 // 64 B), N x 128 KiB of staging and N x 64 KiB of outboxes: N=8: 1.6 MiB;
@@ -130,6 +139,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -211,14 +221,23 @@ struct P2p::PeerState {
   std::uint64_t verdicts_read = 0;  // mirror of channel(me, peer).send.verdicts_read
   std::exception_ptr deferred;      // mismatch of an inline send that had returned
   // The last buffered (inline or outbox) sends, for a mismatch verdict that
-  // comes after they returned: message -> what was sent. Bounded: older
-  // ones are described without their values.
+  // comes after they returned: message m at m mod kRememberBuffered (a ring,
+  // so that a small send allocates nothing). Older ones are described
+  // without their values.
   struct Sent {
-    std::uint64_t count;
-    DataType dtype;
-    int tag;
+    std::uint64_t msg = kNoMsg;
+    std::uint64_t count = 0;
+    DataType dtype = DataType::uint8;
+    int tag = 0;
   };
-  std::map<std::uint64_t, Sent> buffered;
+  std::array<Sent, kRememberBuffered> buffered;
+  void remember_buffered(std::uint64_t m, std::uint64_t count, DataType dtype, int tag) {
+    buffered[m % kRememberBuffered] = {m, count, dtype, tag};
+  }
+  const Sent* find_buffered(std::uint64_t m) const {
+    const Sent& b = buffered[m % kRememberBuffered];
+    return b.msg == m ? &b : nullptr;
+  }
   // As receiver from this peer.
   std::uint64_t scanned = 0;  // headers copied (mirror of channel(peer, me).recv.headers_read)
   std::map<std::uint64_t, Header> unmatched;
@@ -433,6 +452,19 @@ void P2p::post(const OpPtr& op) {
 // ---------------------------------------------------------------------------
 // Sender side.
 
+namespace {
+// Step 1's last stores: the header's fields, then its `seq` (release), which
+// the receiver polls. The payload (inline, outbox, or the buffer's address)
+// is in place before.
+void publish_header(P2pEntry& e, std::uint64_t m, std::uint64_t count, int tag,
+                    std::uint32_t flags) {
+  e.count.store(count, std::memory_order_relaxed);
+  e.tag.store(tag, std::memory_order_relaxed);
+  e.flags.store(flags, std::memory_order_relaxed);
+  e.seq.store(m + 1, std::memory_order_release);
+}
+}  // namespace
+
 bool P2p::progress_send(int peer, PeerState& ps) {
   P2pChannel& ch = channel(c_.rank, peer);
   bool moved = false, tell = false;
@@ -449,13 +481,11 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       if ((word & 3) == kP2pVerdictMismatch) {
         const auto rdt = static_cast<DataType>((word >> 2) & 0x3f);
         const std::uint64_t rcount = v.recv_count.load(std::memory_order_relaxed);
-        auto b = ps.buffered.find(m);
+        const PeerState::Sent* b = ps.find_buffered(m);
         const std::string mine =
-            op ? describe(*op)
-            : b != ps.buffered.end()
-                ? fmt::format(
-                      "a buffered {} (it returned before the recv)",
-                      describe_op(true, b->second.count, b->second.dtype, peer, b->second.tag))
+            op  ? describe(*op)
+            : b ? fmt::format("a buffered {} (it returned before the recv)",
+                              describe_op(true, b->count, b->dtype, peer, b->tag))
                 : fmt::format("an earlier buffered send to rank {}", peer);
         auto err = std::make_exception_ptr(MismatchError(fmt::format(
             "rank {}: {} (message #{}) does not match rank {}'s recv(count={}, {}) for it", c_.rank,
@@ -502,18 +532,14 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(op->buf);
       std::memcpy(e.inline_data, &addr, sizeof addr);
     }
-    e.count.store(op->count, std::memory_order_relaxed);
-    e.tag.store(op->tag, std::memory_order_relaxed);
-    e.flags.store(flags, std::memory_order_relaxed);
-    e.seq.store(m + 1, std::memory_order_release);
+    publish_header(e, m, op->count, op->tag, flags);
     posted = true;
     op->msg = m;
     op->deadline = c_.deadline();
     ++ps.next_msg;
     if (op->eager || out >= 0) {
       finish(op, nullptr);  // buffered: a mismatch comes back as a verdict
-      ps.buffered[m] = {op->count, op->dtype, op->tag};
-      if (ps.buffered.size() > kRememberBuffered) ps.buffered.erase(ps.buffered.begin());
+      ps.remember_buffered(m, op->count, op->dtype, op->tag);
     } else
       ps.outstanding.emplace(m, op);
     moved = true;
@@ -1024,13 +1050,91 @@ void P2p::loop() {
 // ---------------------------------------------------------------------------
 // Front: blocking and non-blocking calls.
 
+bool P2p::send_eager(const void* buf, std::uint64_t count, DataType dtype, int peer, int tag) {
+  const std::uint64_t bytes = count * datatype_size(dtype);
+  if (bytes > kP2pEagerBytes) return false;
+  std::lock_guard lock(mutex_);
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  P2pChannel& ch = channel(c_.rank, peer);
+  // What post() would do first: send the queued ones, read verdicts (one may
+  // be a mismatch this send must throw).
+  if (!ps.unposted.empty() || ps.deferred ||
+      ch.recv.verdicts.load(std::memory_order_acquire) != ps.verdicts_read)
+    return false;
+  if (ps.next_msg >= ps.headers_read + kP2pEntries) {
+    ps.headers_read = ch.headers_read.load(std::memory_order_acquire);
+    if (ps.next_msg >= ps.headers_read + kP2pEntries) return false;
+  }
+  const std::uint64_t m = ps.next_msg;
+  P2pEntry& e = ch.entry[m % kP2pEntries];
+  auto flags = static_cast<std::uint32_t>(dtype);
+  if (bytes <= kP2pInlineBytes) {
+    flags |= kP2pInline;
+    if (bytes) std::memcpy(e.inline_data, buf, bytes);
+  } else {
+    const std::int64_t out = outbox_reserve(peer, m, bytes);
+    if (out < 0) return false;  // full: rendezvous
+    flags |= kP2pOutbox;
+    std::memcpy(outbox(c_.rank) + out, buf, bytes);
+    const auto offset = static_cast<std::uint64_t>(out);
+    std::memcpy(e.inline_data, &offset, sizeof offset);
+  }
+  ++ps.next_msg;
+  publish_header(e, m, count, tag, flags);
+  ps.remember_buffered(m, count, dtype, tag);
+  ring_light(peer);
+  return true;
+}
+
+bool P2p::recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, int tag) {
+  const std::uint64_t bytes = count * datatype_size(dtype);
+  if (bytes > kP2pEagerBytes) return false;
+  std::unique_lock lock(mutex_);
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  P2pChannel& ch = channel(peer, c_.rank);
+  const std::uint64_t m = ps.scanned;
+  P2pEntry& e = ch.entry[m % kP2pEntries];
+  // While the peer runs on another CPU, poll a while for the message (a
+  // ping-pong's answer takes a few hundred ns) before the general path's
+  // Op, deadline and doorbell; on our CPU, or oversubscribed, at once.
+  const int polls = c_.policy_for(peer).spin_ns > 0 ? 4 : 0;
+  for (int round = 0;; ++round) {
+    if (!ps.recvs.empty() || !ps.unmatched.empty() || ps.scanned != m) return false;
+    if (e.seq.load(std::memory_order_acquire) == m + 1) break;
+    if (round == polls) return false;
+    lock.unlock();
+    for (int i = 0; i < 64 && e.seq.load(std::memory_order_relaxed) != m + 1; ++i) cpu_relax();
+    lock.lock();
+  }
+  const std::uint32_t flags = e.flags.load(std::memory_order_relaxed);
+  if (!(flags & (kP2pInline | kP2pOutbox)) || e.tag.load(std::memory_order_relaxed) != tag ||
+      e.count.load(std::memory_order_relaxed) != count ||
+      (flags & kP2pDtypeMask) != static_cast<std::uint32_t>(dtype))
+    return false;  // the general path scans it: another tag's, a mismatch, or rendezvous
+  if (flags & kP2pInline) {
+    if (bytes > kP2pInlineBytes) return false;  // a broken header: the general path says so
+    if (bytes) std::memcpy(buf, e.inline_data, bytes);
+  } else {
+    std::uint64_t offset = 0;
+    std::memcpy(&offset, e.inline_data, sizeof offset);
+    if (offset > kP2pOutboxBytes - bytes) return false;  // outside the outbox: as above
+    std::memcpy(buf, outbox(peer) + offset, bytes);
+  }
+  ps.scanned = m + 1;
+  ch.headers_read.store(ps.scanned, std::memory_order_release);
+  ring_light(peer);
+  return true;
+}
+
 void P2p::send(const void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  if (send_eager(buf, count, dtype, peer, tag)) return;
   auto op = make_op(true, buf, count, dtype, peer, tag, false);
   post(op);
   wait(*op);
 }
 
 void P2p::recv(void* buf, std::size_t count, DataType dtype, int peer, int tag) {
+  if (recv_eager(buf, count, dtype, peer, tag)) return;
   auto op = make_op(false, buf, count, dtype, peer, tag, false);
   post(op);
   wait(*op);

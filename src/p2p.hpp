@@ -54,6 +54,16 @@ class P2p {
   struct PeerState;
   using OpPtr = std::shared_ptr<Op>;
 
+  /// The blocking calls' fast paths for eager messages (inline or outbox, at
+  /// most kP2pEagerBytes): no Op, no allocation, no clock read. They return
+  /// false, having changed nothing, where the general path must run: a send
+  /// behind queued sends, unread verdicts, full entries or a full outbox; a
+  /// recv behind posted recvs or unmatched messages from `peer`, or whose
+  /// message is not an eager one that matches (the general path reports a
+  /// mismatch). They take a third of the general path's time in an 8-byte
+  /// ping-pong (bench/README.md, "Fifth session").
+  bool send_eager(const void* buf, std::uint64_t count, DataType dtype, int peer, int tag);
+  bool recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, int tag);
   OpPtr make_op(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, int tag,
                 bool with_request);
   /// Queues `op` and progresses once (it may complete at once).

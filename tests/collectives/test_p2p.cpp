@@ -224,6 +224,48 @@ void tags_interleaved(Communicator& comm) {
 }
 }  // namespace
 
+TEST_CASE("blocking small send/recv behind pending requests keep MPI's matching order") {
+  // The blocking calls' fast paths (p2p.cpp send_eager / recv_eager) must
+  // not overtake requests posted before them: a pending irecv of the same
+  // tag matches the first message, queued isends go out first.
+  CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
+    const int r = comm.rank(), p = 1 - r;
+    constexpr int kQueued = 12;  // more than a pair's 8 header entries
+    if (r == 0) {
+      comm.barrier();  // rank 1's irecv is posted
+      for (int k = 0; k < 2; ++k) {
+        std::int64_t out = value(r, p, 1, static_cast<std::size_t>(k));
+        comm.send(&out, 1, DataType::int64, p, 1);
+      }
+      comm.barrier();
+      std::vector<std::int64_t> out(kQueued + 1);
+      std::vector<Request> reqs;
+      for (int k = 0; k < kQueued; ++k) {
+        out[static_cast<std::size_t>(k)] = value(r, p, 2, static_cast<std::size_t>(k));
+        reqs.push_back(comm.isend(&out[static_cast<std::size_t>(k)], 1, DataType::int64, p, 2));
+      }
+      out[kQueued] = value(r, p, 2, kQueued);
+      comm.send(&out[kQueued], 1, DataType::int64, p, 2);
+      for (auto& q : reqs) q.wait();
+    } else {
+      std::int64_t first = -1, second = -1;
+      Request q = comm.irecv(&first, 1, DataType::int64, p, 1);
+      comm.barrier();
+      comm.recv(&second, 1, DataType::int64, p, 1);
+      q.wait();
+      SHMRING_CHILD_CHECK(first == value(p, r, 1, 0) && second == value(p, r, 1, 1),
+                          "irecv got %lld, the later blocking recv %lld: want %lld, %lld",
+                          static_cast<long long>(first), static_cast<long long>(second),
+                          static_cast<long long>(value(p, r, 1, 0)),
+                          static_cast<long long>(value(p, r, 1, 1)));
+      comm.barrier();
+      std::vector<std::int64_t> in(kQueued + 1, -1);
+      for (auto& x : in) comm.recv(&x, 1, DataType::int64, p, 2);
+      expect(in, p, r, 2);
+    }
+  })));
+}
+
 TEST_CASE("tags interleaved: later tags overtake earlier ones, order kept per tag") {
   CHECK(test::all_zero(test::run_ranks(2, tags_interleaved)));
 }
