@@ -3,7 +3,7 @@
 //     picked by the loader), the library's kernels;
 //   - Highway (libhwy 1.0.3): the same three kernels with HWY_DYNAMIC_DISPATCH
 //     over Highway's compiled targets.
-// Kernels: float32 sum, float32 max (NaN propagates) and bfloat16 sum
+// Kernels: float32 sum, float32 max (IEEE maximum) and bfloat16 sum
 // (widened to float32, rounded back to nearest even). Sizes are per input
 // array: 4 KiB (L1), 256 KiB (L2), 64 MiB (DRAM). GB/s counts the bytes a
 // call moves: two inputs read and one output written. Both versions must
@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 HWY_BEFORE_NAMESPACE();
 namespace shmring::bench::HWY_NAMESPACE {
@@ -33,25 +35,32 @@ void sum_f32(float* HWY_RESTRICT d, const float* a, const float* b, std::size_t 
   for (; i < n; ++i) d[i] = a[i] + b[i];
 }
 
-// Same selection as the library's vmax, so NaN payloads agree bit for bit:
-// r = a < b ? b : a; then a NaN in a, then a NaN in b, wins.
+// The library's vmax: IEEE 754-2019 maximum (+0 > -0: equal inputs AND
+// their bits), and any NaN gives the default quiet NaN.
 void max_f32(float* HWY_RESTRICT d, const float* a, const float* b, std::size_t n) {
   const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
   const std::size_t lanes = hn::Lanes(df);
+  const auto qnan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     auto x = hn::LoadU(df, a + i);
     auto y = hn::LoadU(df, b + i);
-    auto r = hn::IfThenElse(hn::Lt(x, y), y, x);
+    auto equal = hn::BitCast(df, hn::And(hn::BitCast(du, x), hn::BitCast(du, y)));
+    auto r = hn::IfThenElse(hn::Lt(x, y), y, hn::IfThenElse(hn::Lt(y, x), x, equal));
     // IsNaN, not Ne(x, x): Highway's Ne is an ordered compare (false on NaN).
-    r = hn::IfThenElse(hn::IsNaN(x), x, r);
-    r = hn::IfThenElse(hn::IsNaN(y), y, r);
+    r = hn::IfThenElse(hn::Or(hn::IsNaN(x), hn::IsNaN(y)), qnan, r);
     hn::StoreU(r, df, d + i);
   }
   for (; i < n; ++i) {
-    float r = a[i] < b[i] ? b[i] : a[i];
-    r = a[i] != a[i] ? a[i] : r;
-    d[i] = b[i] != b[i] ? b[i] : r;
+    std::uint32_t ua, ub;
+    std::memcpy(&ua, &a[i], 4);
+    std::memcpy(&ub, &b[i], 4);
+    const std::uint32_t ue = ua & ub;
+    float equal;
+    std::memcpy(&equal, &ue, 4);
+    const float r = a[i] < b[i] ? b[i] : b[i] < a[i] ? a[i] : equal;
+    d[i] = a[i] != a[i] || b[i] != b[i] ? std::numeric_limits<float>::quiet_NaN() : r;
   }
 }
 
@@ -231,7 +240,8 @@ int main(int argc, char** argv) {
     for (std::size_t bytes : kSizes) {
       const std::size_t n = bytes / esize;
       Aligned a(bytes), b(bytes), d1(bytes), d2(bytes);
-      // Random values, with NaNs (two payloads) and infinities sprinkled in.
+      // Random values, with NaNs (two payloads), infinities and zeros of both
+      // signs sprinkled in.
       for (std::size_t i = 0; i < n; ++i) {
         for (void* p : {a.p, b.p}) {
           float v = dist(rng);
@@ -242,6 +252,7 @@ int main(int argc, char** argv) {
             std::memcpy(&v, &u, 4);
           }
           if (special == 2) v = std::numeric_limits<float>::infinity();
+          if (special == 3 || special == 4) v = special == 3 ? -0.0f : 0.0f;  // max(-0, +0)
           if (bf16) {
             std::uint32_t u;
             std::memcpy(&u, &v, 4);

@@ -52,8 +52,10 @@ SHMRING_INLINE T mul(T a, T b) {
 // and any NaN input gives the default quiet NaN. Both are then commutative
 // to the bit, so a collective's result does not depend on the order in which
 // the ranks are combined (the ring and the direct path combine in different
-// orders): equal inputs differ only as -0 / +0, where OR of the bits gives
-// min's -0 and AND gives max's +0. Blend form, so it vectorises.
+// orders). Where the signs differ, min is the negative input and max the
+// positive one, so setting (min) or clearing (max) the sign bit when the
+// inputs' signs differ changes nothing but the pair -0 / +0, which the
+// comparison alone leaves to the operand order. Blend form, so it vectorises.
 template <class T>
 SHMRING_INLINE auto bits_of(T x) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
@@ -68,10 +70,14 @@ SHMRING_INLINE T from_bits(U u) {
   return x;
 }
 template <class T>
+SHMRING_INLINE auto sign_differs(T a, T b) {
+  using U = decltype(bits_of(a));
+  return (bits_of(a) ^ bits_of(b)) & (U{1} << (8 * sizeof(U) - 1));
+}
+template <class T>
 SHMRING_INLINE T vmin(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
-    const T equal = from_bits<T>(bits_of(a) | bits_of(b));
-    const T r = b < a ? b : a < b ? a : equal;
+    const T r = from_bits<T>(bits_of(b < a ? b : a) | sign_differs(a, b));
     return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : r;
   } else {
     return b < a ? b : a;
@@ -80,8 +86,7 @@ SHMRING_INLINE T vmin(T a, T b) {
 template <class T>
 SHMRING_INLINE T vmax(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
-    const T equal = from_bits<T>(bits_of(a) & bits_of(b));
-    const T r = a < b ? b : b < a ? a : equal;
+    const T r = from_bits<T>(bits_of(a < b ? b : a) & ~sign_differs(a, b));
     return (a != a || b != b) ? std::numeric_limits<T>::quiet_NaN() : r;
   } else {
     return a < b ? b : a;
