@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <shmring/mpi.hpp>
 #include <sstream>
 #include <string>
@@ -255,6 +256,41 @@ void test_allreduce(smpi::Communicator& comm, const std::string& algo, bool quic
           if (!in_place) ok = check(what + " (send unchanged)", t, send.data(), n, mine) && ok;
           record(ok);
         }
+    }
+}
+
+// min and max of -0 / +0 and NaN: IEEE 754-2019 minimum / maximum across
+// nodes too (-0 < +0; any NaN gives the default quiet NaN), so the bits do
+// not depend on how MPI and the node groups order the ranks. Element i holds
+// -0 or +0 by the parity of i + rank (every element sees both zeros when
+// there are 2+ ranks), and every 5th element a NaN with a payload on rank
+// i mod size. float32 and float64, in place.
+template <class T>
+void test_minmax_signed_zero_nan(smpi::Communicator& comm, const std::string& algo) {
+  const DataType t = sizeof(T) == 4 ? DataType::float32 : DataType::float64;
+  for (ReduceOp op : {ReduceOp::min, ReduceOp::max})
+    for (std::size_t n : {std::size_t{1009}, kBig}) {
+      std::vector<T> buf(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        buf[i] = (i + static_cast<std::size_t>(g_rank)) % 2 ? T(-0.0) : T(0.0);
+        if (i % 5 == 0 && static_cast<int>(i % static_cast<std::size_t>(g_size)) == g_rank)
+          buf[i] = -static_cast<T>(std::nan(std::to_string(g_rank + 1).c_str()));
+      }
+      comm.allreduce(buf.data(), buf.data(), n, t, op);
+      const T qnan = std::numeric_limits<T>::quiet_NaN();
+      const T zero = op == ReduceOp::min && g_size > 1 ? T(-0.0) : T(0.0);
+      bool ok = true;
+      for (std::size_t i = 0; i < n && ok; ++i) {
+        // One rank alone keeps its own input: -0 where i is odd.
+        const T want = i % 5 == 0 ? qnan : g_size == 1 && i % 2 ? T(-0.0) : zero;
+        if (std::memcmp(&buf[i], &want, sizeof(T)) != 0) {
+          fmt::print(stderr, "rank {}: FAIL allreduce[{}] {} {} of -0/+0/NaN: element {} is {}{}\n",
+                     g_rank, algo, shmring::to_string(t), shmring::to_string(op), i,
+                     std::signbit(buf[i]) ? "-" : "+", std::fabs(buf[i]));
+          ok = false;
+        }
+      }
+      record(ok);
     }
 }
 
@@ -492,6 +528,8 @@ int main(int argc, char** argv) {
       };
       timed(("allreduce " + algo).c_str(),
             [&] { test_allreduce(comm, algo, quick, first && !few_big); });
+      test_minmax_signed_zero_nan<float>(comm, algo);
+      test_minmax_signed_zero_nan<double>(comm, algo);
       if (first) {
         timed("reduce_scatter", [&] { test_reduce_scatter(comm, quick); });
         timed("allgather", [&] { test_allgather(comm, quick); });
