@@ -276,6 +276,9 @@ struct Communicator::Impl {
   /// `engine`, so destroyed before anything else, while the segment is mapped.
   std::once_flag p2p_once;
   std::shared_ptr<detail::P2p> p2p;
+  // p2p.get() once made: every send/recv reads this instead of entering
+  // std::call_once, which sets two thread-locals of libstdc++ on each call.
+  std::atomic<detail::P2p*> p2p_made{nullptr};
 
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,

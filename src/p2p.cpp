@@ -1089,23 +1089,31 @@ bool P2p::send_eager(const void* buf, std::uint64_t count, DataType dtype, int p
 bool P2p::recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, int tag) {
   const std::uint64_t bytes = count * datatype_size(dtype);
   if (bytes > kP2pEagerBytes) return false;
-  std::unique_lock lock(mutex_);
-  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
   P2pChannel& ch = channel(peer, c_.rank);
-  const std::uint64_t m = ps.scanned;
+  // The next message's entry, found without the lock: headers_read mirrors
+  // ps.scanned (only we write it, under the lock, after every scan), so a
+  // stale value can only fail the check under the lock below. While the
+  // peer runs on another CPU, poll a while for the message (a ping-pong's
+  // answer takes a few hundred ns) before the general path's Op, deadline
+  // and doorbell; on our CPU, or oversubscribed, not at all.
+  const std::uint64_t m = ch.headers_read.load(std::memory_order_relaxed);
   P2pEntry& e = ch.entry[m % kP2pEntries];
-  // While the peer runs on another CPU, poll a while for the message (a
-  // ping-pong's answer takes a few hundred ns) before the general path's
-  // Op, deadline and doorbell; on our CPU, or oversubscribed, at once.
-  const int polls = c_.policy_for(peer).spin_ns > 0 ? 4 : 0;
-  for (int round = 0;; ++round) {
-    if (!ps.recvs.empty() || !ps.unmatched.empty() || ps.scanned != m) return false;
-    if (e.seq.load(std::memory_order_acquire) == m + 1) break;
-    if (round == polls) return false;
-    lock.unlock();
-    for (int i = 0; i < 64 && e.seq.load(std::memory_order_relaxed) != m + 1; ++i) cpu_relax();
-    lock.lock();
+  if (e.seq.load(std::memory_order_acquire) != m + 1) {
+    // policy_for(peer).spin_ns > 0 for a caller's thread (not the progress
+    // thread's), without its thread-local read.
+    const detail::WaitPolicy& w = c_.wait_policy;
+    if (c_.config.oversubscribed || w.spin_ns + w.yield_ns <= 0 || !c_.keep_off_cpu_of(peer))
+      return false;
+    constexpr int kPolls = 256;
+    int i = 0;
+    for (; i < kPolls && e.seq.load(std::memory_order_relaxed) != m + 1; ++i) cpu_relax();
+    if (i == kPolls) return false;
   }
+  std::lock_guard lock(mutex_);
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  if (!ps.recvs.empty() || !ps.unmatched.empty() || ps.scanned != m ||
+      e.seq.load(std::memory_order_acquire) != m + 1)
+    return false;
   const std::uint32_t flags = e.flags.load(std::memory_order_relaxed);
   if (!(flags & (kP2pInline | kP2pOutbox)) || e.tag.load(std::memory_order_relaxed) != tag ||
       e.count.load(std::memory_order_relaxed) != count ||
@@ -1186,13 +1194,20 @@ detail::P2p& checked_p2p(Communicator::Impl& c, bool is_send, const void* buf, s
   if (bytes > 0 && buf == nullptr)
     throw InvalidArgumentError(
         fmt::format("rank {}: {}: buffer is null but holds {} bytes", c.rank, what(), bytes));
-  std::call_once(c.p2p_once, [&] { c.p2p = std::make_shared<detail::P2p>(c); });
-  if (c.p2p->inherited())
+  detail::P2p* p2p = c.p2p_made.load(std::memory_order_acquire);
+  if (p2p == nullptr) {
+    std::call_once(c.p2p_once, [&] {
+      c.p2p = std::make_shared<detail::P2p>(c);
+      c.p2p_made.store(c.p2p.get(), std::memory_order_release);
+    });
+    p2p = c.p2p.get();
+  }
+  if (p2p->inherited())
     throw InvalidArgumentError(fmt::format(
         "rank {}: this communicator used send/recv in its parent process; a forked child (pid "
         "{}) cannot use it",
         c.rank, getpid()));
-  return *c.p2p;
+  return *p2p;
 }
 
 }  // namespace
