@@ -9,9 +9,11 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <filesystem>
 #include <thread>
@@ -54,6 +56,22 @@ bool wait_for_path(const std::string& p, double seconds) {
   auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
     if (fs::exists(p)) return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
+
+// A flag in memory shared with the children forked after this call.
+std::atomic<int>* shared_flag() {
+  void* p = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : new (p) std::atomic<int>(0);
+}
+
+bool wait_for_flag(const std::atomic<int>& f, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    if (f.load() != 0) return true;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return false;
@@ -189,11 +207,21 @@ TEST_CASE("ranks with different host identities fail on every rank within the ti
 TEST_CASE("rank 0 dying while the others attach fails them at once and leaves nothing") {
   // Rank 1 starts first and waits; rank 0 creates the segment and is killed
   // as soon as the name appears (before, during or after rank 1 attaches).
+  // Rank 1 must have begun looking before rank 0 creates the file: a dead
+  // creator's file that was there at its first look is indistinguishable
+  // from an earlier job's stale one, which it waits out to the timeout (the
+  // next test case). A head start of 20 ms from the fork was not enough on
+  // a loaded 2-core machine (rank 1 looked late, then timed out after 30 s):
+  // wait until rank 1 is at its constructor, then give it the head start.
+  std::atomic<int>* at_ctor = shared_flag();
+  REQUIRE(at_ctor != nullptr);
   for (int trial = 0; trial < 5; ++trial) {
     const std::string job = test::unique_job_id("r0dies");
     test::FaultBoard* board = test::FaultBoard::create();
+    at_ctor->store(0);
     pid_t r1 = spawn([&] {
       try {
+        at_ctor->store(1);
         Communicator comm(opts(1, 3, job, 30));
         SHMRING_CHILD_CHECK(false, "rank 1: expected an error");
       } catch (const PeerFailureError& e) {
@@ -201,6 +229,7 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
         SHMRING_CHILD_CHECK(contains(e.what(), "rank 0 (pid"), "rank 1: %s", e.what());
       }
     });
+    REQUIRE(wait_for_flag(*at_ctor, 10));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     pid_t r0 = spawn([&] { Communicator comm(opts(0, 3, job, 30)); });
     REQUIRE(wait_for_path(shm_path(job), 10));
@@ -216,6 +245,7 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
     CHECK(test::shm_files_with(job).empty());
     test::FaultBoard::destroy(board);
   }
+  munmap(at_ctor, sizeof(std::atomic<int>));
 }
 
 TEST_CASE(
@@ -254,9 +284,16 @@ TEST_CASE("a registered rank dying before every rank attached fails the others a
     }
   });
   REQUIRE(wait_for_path(shm_path(job), 10));
+  // Timed from rank 1 reaching its constructor, not from the fork: a rank 1
+  // killed before it registered is unknown to rank 0, which then waits for
+  // its timeout (30 s) instead.
+  std::atomic<int>* at_ctor = shared_flag();
+  REQUIRE(at_ctor != nullptr);
   pid_t r1 = spawn([&] {
+    at_ctor->store(1);
     Communicator comm(opts(1, 3, job, 30));  // rank 2 never comes
   });
+  REQUIRE(wait_for_flag(*at_ctor, 10));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 has registered
   board->fault_ns.store(test::mono_ns());
   kill(r1, SIGKILL);
@@ -267,6 +304,7 @@ TEST_CASE("a registered rank dying before every rank attached fails the others a
   CHECK(board->latency_s(0) < 1.0);
   CHECK(test::shm_files_with(job).empty());
   test::FaultBoard::destroy(board);
+  munmap(at_ctor, sizeof(std::atomic<int>));
 }
 
 TEST_CASE("another user's segment of our name is neither opened nor removed") {
