@@ -21,8 +21,11 @@ _counter = itertools.count()
 
 def unique_job_id(tag):
     """A job id no other test, run or user's job shares."""
-    # "t-" like the C++ tests' ids, so the core suite's leak check covers these too.
-    return f"t-py-{tag[:24]}-{os.getpid()}-{next(_counter)}-{random.randrange(100000)}"
+    # "t-" and the run's tag (SHMRING_TEST_TAG, set by tools/check and
+    # tools/sanitize) like the C++ tests' ids (tests/harness.hpp), so that the
+    # core suite's leak check of this run covers these too.
+    run = os.environ.get("SHMRING_TEST_TAG", "")
+    return f"t-{run}py-{tag[:24]}-{os.getpid()}-{next(_counter)}-{random.randrange(100000)}"
 
 
 def shm_entries(job_id):
