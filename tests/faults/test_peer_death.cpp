@@ -64,8 +64,11 @@ double run_case(const Case& c) {
           for (int i = 0;; ++i) {
             if (i == c.before_collective) {
               if (c.death != Death::leave) die(board, c.death);
-              comm.reset();  // leaves while the others wait for it
+              // The fault starts with the leaving: a survivor may notice it
+              // before reset() returns (stored after, its latency came out
+              // negative: "recorded no detection").
               board->fault_ns.store(test::mono_ns());
+              comm.reset();  // leaves while the others wait for it
               return;
             }
             if (i == 1 && c.before_collective < 0)
