@@ -536,8 +536,6 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.host_hash = host;
   req.deadline = c.deadline();
   req.job_id = cfg.job_id;
-  // Before the first publish: this process's counters need no fence (wait.hpp).
-  detail::register_asymmetric_fence();
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();

@@ -157,15 +157,24 @@ namespace {
 constexpr std::uint64_t kNoMsg = std::numeric_limits<std::uint64_t>::max();
 constexpr std::size_t kRememberBuffered = 64;  // per peer, for mismatch messages
 
-// The asymmetric fence of the header comment (wait.hpp): senders of headers
-// pay a compiler barrier; a rank about to sleep runs membarrier, which makes
-// every registered rank's running threads execute a full barrier.
+// The asymmetric fence of the header comment: senders of headers pay a
+// compiler barrier; a rank about to sleep runs membarrier, which makes every
+// registered rank's running threads execute a full barrier.
 // Registration is per process image (a forked child is not registered), so
 // every P2p asks again. SHMRING_P2P_MEMBARRIER=0 makes this rank's senders
 // fence instead (tests of the fallback); sleepers always try membarrier.
-bool p2p_light_ring() {
+bool register_asymmetric_fence() {
   if (env_int("SHMRING_P2P_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
-  return register_asymmetric_fence();
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
+// Before a futex sleep, after incrementing `waiters`. Where membarrier is
+// refused, no rank registered (same kernel), so every sender fences itself.
+void asymmetric_fence_heavy() {
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 }  // namespace
 
@@ -247,7 +256,7 @@ struct P2p::PeerState {
 P2p::P2p(Communicator::Impl& c)
     : c_(c), base_(c.seg->p2p_base()), cma_min_bytes_(64 * 1024), fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
-  light_ring_ = p2p_light_ring();
+  light_ring_ = register_asymmetric_fence();
   if (auto v = env_int("SHMRING_CMA", 0, 1)) cma_ = static_cast<int>(*v);
   if (auto v = env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
     cma_min_bytes_ = static_cast<std::size_t>(*v);

@@ -1,16 +1,11 @@
 #include "wait.hpp"
 
 #include <linux/futex.h>
-#include <linux/membarrier.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <climits>
-#include <mutex>
-
-#include "config.hpp"
 
 namespace shmring::detail {
 
@@ -23,29 +18,6 @@ void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, long t
   // which re-checks its condition.
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr,
           0);
-}
-
-bool register_asymmetric_fence() {
-  static std::once_flag atfork;
-  // A forked child is not registered: it fences until it registers itself.
-  std::call_once(atfork, [] {
-    pthread_atfork(nullptr, nullptr,
-                   [] { g_light_publish.store(false, std::memory_order_relaxed); });
-  });
-  if (env_int("SHMRING_MEMBARRIER", 0, 1).value_or(1) == 0) {
-    g_light_publish.store(false, std::memory_order_relaxed);
-    return false;
-  }
-  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  const bool ok = cmds >= 0 && (cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED) &&
-                  syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
-  g_light_publish.store(ok, std::memory_order_relaxed);
-  return ok;
-}
-
-void asymmetric_fence_heavy() {
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
-    std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 void futex_wake_all(std::atomic<std::uint32_t>& word) {

@@ -4,29 +4,16 @@
 // sched_yield, then sleep on a shared futex. The writer only pays for a
 // FUTEX_WAKE when a sleeper announced itself in `waiters`.
 //
-// Lost-wakeup argument: the sleeper increments `waiters` (seq_cst RMW), runs
-// the heavy side of an asymmetric fence, reads `futex_gen`, re-checks the
-// counter, then sleeps only while `futex_gen` is unchanged. The writer stores
-// the counter (release), runs the light side, then reads `waiters`. Either
-// the sleeper's re-check sees the new value, or the writer sees waiters > 0
-// and bumps `futex_gen` (making FUTEX_WAIT return at once) before waking.
-// Asymmetric fence (as p2p.cpp's doorbells): where this process registered
-// for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), the light side is a
-// compiler barrier and the heavy side that membarrier, which makes every
-// running thread of every registered process execute a full barrier: if the
-// writer's barrier falls after its store, the sleeper's re-check sees it;
-// if before, it is before the writer's read of `waiters` too, which then
-// sees the sleeper's increment. Elsewhere the light side is a seq_cst fence
-// (and the heavy side, when membarrier is refused, one too): the symmetric
-// form of the same argument. A writer with no fence does not stall until
-// its store leaves the core: the line its readers poll moves to them while
-// it goes on (a seq_cst store drains the store buffer first, ~20-60 ns per
-// publish where a peer polls the line; a collective publishes 2-4 times).
+// Lost-wakeup argument: the sleeper increments `waiters`, reads `futex_gen`,
+// re-checks the counter, then sleeps only while `futex_gen` is unchanged. The
+// writer stores the counter, then reads `waiters` (both seq_cst). Either the
+// sleeper's re-check sees the new value, or the writer sees waiters > 0 and
+// bumps `futex_gen` (making FUTEX_WAIT return at once) before waking.
 //
 // Ordering on weakly ordered CPUs (reviewed for AArch64): every publish of a
-// sequence counter is publish() below, a release store (STLR on AArch64),
-// so the slot or buffer contents written before it are visible to whoever
-// sees the new value.
+// sequence counter is publish() below, a seq_cst store (a release and more:
+// STLR on AArch64, a store and MFENCE on x86), so the slot or buffer
+// contents written before it are visible to whoever sees the new value.
 // Every read of a counter that gates access to shared data is an acquire
 // load (LDAR) in wait_at_least(); the seq_cst loads of the futex phase are
 // stronger still. The relaxed fields beside them (descriptor entries, cpu
@@ -64,29 +51,10 @@ inline void wake(Counter& c) {
   futex_wake_all(c.futex_gen);
 }
 
-/// True while this process is registered for membarrier's global expedited
-/// command (register_asymmetric_fence): publish() then needs no fence.
-inline std::atomic<bool> g_light_publish{false};
-
-/// Registers this process for MEMBARRIER_CMD_GLOBAL_EXPEDITED and sets
-/// g_light_publish; returns it. Idempotent; every communicator asks (a forked
-/// child is not registered, and its g_light_publish is reset at fork).
-/// SHMRING_MEMBARRIER=0 leaves it unregistered (tests of the fenced form).
-bool register_asymmetric_fence();
-
-/// The sleeper's side, after incrementing `waiters`: membarrier, or a
-/// seq_cst fence where the kernel refuses it.
-void asymmetric_fence_heavy();
-
-/// Publishes a new counter value (release; against `waiters`, the light
-/// side of the asymmetric fence above).
+/// Publishes a new counter value (release, and seq_cst against `waiters`).
 inline void publish(Counter& c, std::uint64_t v) {
-  c.value.store(v, std::memory_order_release);
-  if (g_light_publish.load(std::memory_order_relaxed))
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  else
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (c.waiters.load(std::memory_order_relaxed) != 0) wake(c);
+  c.value.store(v, std::memory_order_seq_cst);
+  if (c.waiters.load(std::memory_order_seq_cst) != 0) wake(c);
 }
 
 /// True on a thread shmring runs beside the user's (a communicator's
@@ -154,7 +122,6 @@ std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& 
   // deadline are noticed.
   for (;;) {
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
-    asymmetric_fence_heavy();
     std::uint32_t gen = c.futex_gen.load(std::memory_order_seq_cst);
     v = c.value.load(std::memory_order_seq_cst);
     if (v < target) futex_wait(c.futex_gen, gen, p.sleep_slice_us);
