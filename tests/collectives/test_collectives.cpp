@@ -120,55 +120,84 @@ TEST_CASE("every collective matches the serial reference on the ring path, N=3 a
   run(5, "ring");
 }
 
+namespace {
+// A sequence that every rank derives from the same seed mixes one-line,
+// direct and ring allreduces, chain broadcasts from every root and barriers;
+// every result is checked.
+void mixed_sequence(Communicator& c, int iterations) {
+  const int r = c.rank(), n = c.size();
+  std::uint64_t seed = 12345;
+  for (int it = 0; it < iterations; ++it) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    const unsigned pick = static_cast<unsigned>(seed >> 60);         // 0..15
+    const std::size_t count = pick < 10   ? 1 + (seed >> 40) % 10    // one line
+                              : pick < 13 ? 11 + (seed >> 40) % 500  // direct
+                                          : 40000;                   // ring, or a chain broadcast
+    if (pick == 15) {
+      c.barrier();
+      continue;
+    }
+    if (pick == 14) {
+      // A chain broadcast lets a rank finish before a far peer has
+      // even read the previous collective's lines.
+      const int root = it % n;
+      std::vector<std::int32_t> b(count, r == root ? it : -1);
+      c.broadcast(std::span<std::int32_t>(b), root);
+      SHMRING_CHILD_CHECK(b.front() == it && b.back() == it, "broadcast %d", it);
+      continue;
+    }
+    std::vector<std::int32_t> x(count);
+    for (std::size_t i = 0; i < count; ++i)
+      x[i] = static_cast<std::int32_t>(value(r, i + static_cast<std::size_t>(it)));
+    c.allreduce(std::span<std::int32_t>(x), ReduceOp::sum);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::int64_t want = 0;
+      for (int q = 0; q < n; ++q)
+        want += static_cast<std::int32_t>(value(q, i + static_cast<std::size_t>(it)));
+      SHMRING_CHILD_CHECK(x[i] == static_cast<std::int32_t>(want),
+                          "rank %d iteration %d count %zu [%zu]: %d, want %lld", r, it, count, i,
+                          x[i], static_cast<long long>(want));
+    }
+  }
+}
+}  // namespace
+
 TEST_CASE("low-latency allreduces interleaved with the other paths keep every result") {
   // Back-to-back one-line allreduces skip the done counters (the previous
   // lines prove every peer finished the collective before); after a
-  // collective on another path they wait for them. A sequence that every
-  // rank derives from the same seed mixes one-line, direct and ring
-  // allreduces, chain broadcasts from every root and barriers; every result
-  // is checked, N = 2, 3, 5 (oversubscribed: ranks get descheduled mid-call).
+  // collective on another path they wait for them. N = 2, 3, 5
+  // (oversubscribed: ranks get descheduled mid-call).
   for (int n : {2, 3, 5}) {
+    auto status = test::run_ranks(
+        n, [](Communicator& c) { mixed_sequence(c, 3000); }, 120);
+    CHECK(test::all_zero(status));
+  }
+}
+
+TEST_CASE("ranks that sleep at once are always woken") {
+  // No spin, no yield: every wait that is not satisfied at once sleeps on
+  // the futex, so every publish must wake its sleepers (wait.hpp's
+  // lost-wakeup argument). A lost wake-up costs a 10 ms sleep slice: with
+  // every wake-up lost (planted), 3000 collectives took 17-27 s; kept, the
+  // two runs together take about 0.2 s (2-core VM).
+  setenv("SHMRING_SPIN_US", "0", 1);
+  setenv("SHMRING_YIELD_US", "0", 1);
+  for (int n : {2, 3}) {
+    INFO("N=", n);
     auto status = test::run_ranks(
         n,
         [](Communicator& c) {
-          const int r = c.rank(), n = c.size();
-          std::uint64_t seed = 12345;
-          for (int it = 0; it < 3000; ++it) {
-            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-            const unsigned pick = static_cast<unsigned>(seed >> 60);         // 0..15
-            const std::size_t count = pick < 10   ? 1 + (seed >> 40) % 10    // one line
-                                      : pick < 13 ? 11 + (seed >> 40) % 500  // direct
-                                                  : 40000;  // ring, or a chain broadcast
-            if (pick == 15) {
-              c.barrier();
-              continue;
-            }
-            if (pick == 14) {
-              // A chain broadcast lets a rank finish before a far peer has
-              // even read the previous collective's lines.
-              const int root = it % n;
-              std::vector<std::int32_t> b(count, r == root ? it : -1);
-              c.broadcast(std::span<std::int32_t>(b), root);
-              SHMRING_CHILD_CHECK(b.front() == it && b.back() == it, "broadcast %d", it);
-              continue;
-            }
-            std::vector<std::int32_t> x(count);
-            for (std::size_t i = 0; i < count; ++i)
-              x[i] = static_cast<std::int32_t>(value(r, i + static_cast<std::size_t>(it)));
-            c.allreduce(std::span<std::int32_t>(x), ReduceOp::sum);
-            for (std::size_t i = 0; i < count; ++i) {
-              std::int64_t want = 0;
-              for (int q = 0; q < n; ++q)
-                want += static_cast<std::int32_t>(value(q, i + static_cast<std::size_t>(it)));
-              SHMRING_CHILD_CHECK(x[i] == static_cast<std::int32_t>(want),
-                                  "rank %d iteration %d count %zu [%zu]: %d, want %lld", r, it,
-                                  count, i, x[i], static_cast<long long>(want));
-            }
-          }
+          const auto start = std::chrono::steady_clock::now();
+          mixed_sequence(c, 3000);
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          SHMRING_CHILD_CHECK(s < 12.0, "3000 sleeping collectives took %.1f s: lost wake-ups?", s);
         },
         120);
     CHECK(test::all_zero(status));
   }
+  unsetenv("SHMRING_SPIN_US");
+  unsetenv("SHMRING_YIELD_US");
 }
 
 TEST_CASE("barrier: nobody leaves before the last rank arrives") {
