@@ -178,8 +178,8 @@ TEST_CASE("ranks that sleep at once are always woken") {
   // No spin, no yield: every wait that is not satisfied at once sleeps on
   // the futex, so every publish must wake its sleepers (wait.hpp's
   // lost-wakeup argument). A lost wake-up costs a 10 ms sleep slice: with
-  // every wake-up lost (planted), 3000 collectives took 17-27 s; kept, the
-  // two runs together take about 0.2 s (2-core VM).
+  // every wake-up lost (planted), 3000 collectives took 17-27 s; kept, this
+  // test and the one above took 0.4 s together (2-core VM).
   setenv("SHMRING_SPIN_US", "0", 1);
   setenv("SHMRING_YIELD_US", "0", 1);
   for (int n : {2, 3}) {
