@@ -92,7 +92,7 @@ bool is_16bit_float(DataType t) {
 // --- IEEE 754-2019 minimum and maximum, for MPI_FLOAT and MPI_DOUBLE ------
 
 template <class T, bool kMax>
-void nan_minmax(const T* in, T* inout, int n) {
+void ieee_minmax(const T* in, T* inout, int n) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   for (int i = 0; i < n; ++i) {
     const T a = in[i], b = inout[i];
@@ -110,11 +110,11 @@ void nan_minmax(const T* in, T* inout, int n) {
 }
 
 template <bool kMax>
-void nan_minmax_op(void* in, void* inout, int* len, MPI_Datatype* type) {
+void ieee_minmax_op(void* in, void* inout, int* len, MPI_Datatype* type) {
   if (*type == MPI_DOUBLE)
-    nan_minmax<double, kMax>(static_cast<const double*>(in), static_cast<double*>(inout), *len);
+    ieee_minmax<double, kMax>(static_cast<const double*>(in), static_cast<double*>(inout), *len);
   else
-    nan_minmax<float, kMax>(static_cast<const float*>(in), static_cast<float*>(inout), *len);
+    ieee_minmax<float, kMax>(static_cast<const float*>(in), static_cast<float*>(inout), *len);
 }
 
 MPI_Datatype mpi_type(DataType t) {
@@ -140,8 +140,8 @@ MPI_Datatype mpi_type(DataType t) {
 }  // namespace
 
 void Communicator::Impl::create_ops() {
-  check_mpi(MPI_Op_create(&nan_minmax_op<false>, 1, &nan_min), "setup: MPI_Op_create (min)");
-  check_mpi(MPI_Op_create(&nan_minmax_op<true>, 1, &nan_max), "setup: MPI_Op_create (max)");
+  check_mpi(MPI_Op_create(&ieee_minmax_op<false>, 1, &nan_min), "setup: MPI_Op_create (min)");
+  check_mpi(MPI_Op_create(&ieee_minmax_op<true>, 1, &nan_max), "setup: MPI_Op_create (max)");
 }
 
 void Communicator::Impl::free_ops() noexcept {
