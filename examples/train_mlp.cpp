@@ -193,9 +193,12 @@ int train(shmring::Communicator& comm, const Settings& s) {
 
     double loss_sum = 0, correct = 0, samples = 0;
     Clock::duration step_time{}, allreduce_time{}, skew_time{};
-    // Per step: how long the allreduce moved data once every rank had
-    // arrived (after a barrier that absorbs the ranks' skew), in us.
-    std::vector<double> data_us;
+    // Per step: when this rank left the barrier that absorbs the ranks' skew
+    // (steady_clock is CLOCK_MONOTONIC, one clock for every process of the
+    // machine) and when its allreduce returned, in ns. The data time counts
+    // from the last rank's exit: a rank that the barrier wakes late would
+    // otherwise bill its wake-up to the others' data time.
+    std::vector<std::int64_t> t_start_ns, t_end_ns;
     const auto t_epoch = Clock::now();
     for (std::size_t g = 0; g < steps_per_epoch && (s.max_steps == 0 || step < s.max_steps);
          ++g, ++step) {
@@ -222,7 +225,10 @@ int train(shmring::Communicator& comm, const Settings& s) {
       comm.allreduce(std::span<float>(step_buf), shmring::ReduceOp::sum);
       const auto t2 = Clock::now();
       skew_time += t1 - t_arrive;
-      data_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      t_start_ns.push_back(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t1.time_since_epoch()).count());
+      t_end_ns.push_back(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t2.time_since_epoch()).count());
 
       // Mean gradient of the global batch, then SGD with momentum
       // (v = mu v + g; p -= lr v), identical on every rank.
@@ -253,13 +259,27 @@ int train(shmring::Communicator& comm, const Settings& s) {
     // lowest share is the one closest to the pure cost of the collective.
     double times[2] = {seconds(allreduce_time + skew_time), seconds(step_time)};
     comm.allreduce(std::span<double>(times, 2), shmring::ReduceOp::sum);
-    // Skew and data time per step, the worst rank's (max over ranks).
+    // Skew and data time per step, the worst rank's (max over ranks): data
+    // from the last rank's exit from the barrier (all), and from this rank's
+    // own exit (own: what a single process sees, wake-up lag included).
+    std::vector<std::int64_t> last_start = t_start_ns;
+    if (!last_start.empty())
+      comm.allreduce(std::span<std::int64_t>(last_start), shmring::ReduceOp::max);
+    std::vector<double> data_us(t_end_ns.size()), own_us(t_end_ns.size());
+    for (std::size_t i = 0; i < t_end_ns.size(); ++i) {
+      data_us[i] = double(t_end_ns[i] - last_start[i]) / 1e3;
+      own_us[i] = double(t_end_ns[i] - t_start_ns[i]) / 1e3;
+    }
     std::sort(data_us.begin(), data_us.end());
+    std::sort(own_us.begin(), own_us.end());
     const double nsteps = std::max<double>(1, double(data_us.size()));
-    double parts[3] = {seconds(skew_time) * 1e6 / nsteps,
-                       data_us.empty() ? 0.0 : data_us[(data_us.size() - 1) / 2],
-                       std::accumulate(data_us.begin(), data_us.end(), 0.0) / nsteps};
-    comm.allreduce(std::span<double>(parts, 3), shmring::ReduceOp::max);
+    auto median = [](const std::vector<double>& v) {
+      return v.empty() ? 0.0 : v[(v.size() - 1) / 2];
+    };
+    double parts[4] = {seconds(skew_time) * 1e6 / nsteps, median(data_us),
+                       std::accumulate(data_us.begin(), data_us.end(), 0.0) / nsteps,
+                       median(own_us)};
+    comm.allreduce(std::span<double>(parts, 4), shmring::ReduceOp::max);
     const double own_share =
         step_time.count() > 0 ? seconds(allreduce_time + skew_time) / seconds(step_time) : 0.0;
     double share_min = own_share, share_max = own_share;
@@ -277,8 +297,9 @@ int train(shmring::Communicator& comm, const Settings& s) {
     if (lead && samples > 0 && s.split_skew)
       fmt::print(
           "           allreduce of {} bytes per step: waiting for the slowest rank {:.1f} us, "
-          "moving data {:.1f} us median / {:.1f} us mean (worst rank)\n",
-          step_buf.size() * sizeof(float), parts[0], parts[1], parts[2]);
+          "moving data {:.1f} us median / {:.1f} us mean once the last rank left the barrier, "
+          "{:.1f} us median from its own exit (worst rank)\n",
+          step_buf.size() * sizeof(float), parts[0], parts[1], parts[2], parts[3]);
     std::fflush(stdout);
   }
 
