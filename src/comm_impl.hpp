@@ -114,6 +114,13 @@ struct Communicator::Impl {
   // done counter every rank must reach before a direct buffer is rewritten:
   // a staged collective c reads both buffers, so it sets c + 1.
   std::uint64_t staged_done_needed = 0;
+  // SHMRING_CMA: 0 never reads a peer's memory with process_vm_readv
+  // (cma.hpp); 1, the default, does where the kernel allows it. Point-to-
+  // point messages and the staged collectives' single-copy round use it.
+  int cma_mode = 1;
+  // Whether this rank can read every peer's memory (staged.cpp
+  // cma_capable): -1 not probed yet, else 0 or 1.
+  int cma_probed = -1;
   // Small gathers leave early (staged.cpp gather_eager). Per direct buffer
   // parity: collective + 1 of the last eager gather this rank ran on it (0:
   // none) and the rank that read our buffer then (-1: we were the root).

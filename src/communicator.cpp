@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "cma.hpp"
 #include "comm_impl.hpp"
 #include "config.hpp"
 #include "engine.hpp"
@@ -519,6 +520,12 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   detail::set_log_rank(cfg.rank);
   // Checked before attaching, so that a bad value fails alone, at once.
   cfg.progress_cpu = c.progress_cpu = detail::progress_cpu_from_env(cfg.rank);
+  if (auto v = detail::env_int("SHMRING_CMA", 0, 1)) {
+    c.cma_mode = static_cast<int>(*v);
+    // Asked for explicitly: let the peers read us even under Yama's
+    // ptrace_scope=1 (any process of this user may then attach to us).
+    if (c.cma_mode == 1) detail::allow_cma_readers();
+  }
   c.rank = cfg.rank;
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;

@@ -146,6 +146,7 @@
 #include <fstream>
 #include <limits>
 
+#include "cma.hpp"
 #include "config.hpp"
 #include "log.hpp"
 #include "placement.hpp"
@@ -257,16 +258,9 @@ P2p::P2p(Communicator::Impl& c)
     : c_(c), base_(c.seg->p2p_base()), cma_min_bytes_(64 * 1024), fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
   light_ring_ = register_asymmetric_fence();
-  if (auto v = env_int("SHMRING_CMA", 0, 1)) cma_ = static_cast<int>(*v);
+  cma_ = c.cma_mode;  // SHMRING_CMA, parsed (and PR_SET_PTRACER set) by the constructor
   if (auto v = env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
     cma_min_bytes_ = static_cast<std::size_t>(*v);
-  if (cma_ == 1 && env_string("SHMRING_CMA")) {
-    // Asked for explicitly: let the peers read us even under Yama's
-    // ptrace_scope=1 (any process of this user may then attach to us).
-    std::ifstream yama("/proc/sys/kernel/yama/ptrace_scope");
-    int scope = 0;
-    if (yama >> scope && scope == 1) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  }
 }
 
 P2p::~P2p() {
@@ -580,56 +574,6 @@ bool P2p::progress_send(int peer, PeerState& ps) {
 
 // ---------------------------------------------------------------------------
 // Receiver side.
-
-namespace {
-// Reads `bytes` at `addr` in process `pid` into `dst`; 0 or an errno.
-int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes) {
-  std::uint64_t done = 0;
-  while (done < bytes) {
-    struct iovec local {
-      dst + done, static_cast<std::size_t>(bytes - done)
-    };
-    struct iovec remote {
-      reinterpret_cast<void*>(addr + done), static_cast<std::size_t>(bytes - done)
-    };
-    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (n == 0) return EFAULT;
-    done += static_cast<std::uint64_t>(n);
-  }
-  return 0;
-}
-
-// Large single-copy reads are split across threads (the rank's reduction
-// arena, or a 2-thread one of P2p's own): one thread's copy rarely uses the
-// memory bandwidth two cores have, and the sender of a rendezvous message
-// sits idle until the receiver's verdict. On the 2-core VM, 2 threads gave
-// 9.2-9.2 GB/s at 16 and 64 MiB against 4.5-4.7 with one (Open MPI, one
-// copy by one thread: 4.5-5.0); at 4 MiB they were no faster (9.0-9.4 vs
-// 9.6-10.1), so reads start splitting at 8 MiB.
-constexpr std::uint64_t kCmaParallelMinBytes = 8u << 20;
-constexpr std::uint64_t kCmaGrainBytes = 1u << 20;
-
-int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint64_t addr,
-                      std::uint64_t bytes) {
-  if (arena == nullptr || arena->max_concurrency() < 2 || bytes < kCmaParallelMinBytes)
-    return cma_read(pid, dst, addr, bytes);
-  std::atomic<int> error{0};
-  arena->execute([&] {
-    tbb::parallel_for(
-        tbb::blocked_range<std::uint64_t>(0, bytes, kCmaGrainBytes),
-        [&](const tbb::blocked_range<std::uint64_t>& r) {
-          if (int e = cma_read(pid, dst + r.begin(), addr + r.begin(), r.size()); e != 0)
-            error.store(e, std::memory_order_relaxed);
-        },
-        tbb::static_partitioner());
-  });
-  return error.load(std::memory_order_relaxed);
-}
-}  // namespace
 
 tbb::task_arena* P2p::cma_arena(std::uint64_t bytes) {
   if (c_.arena) return c_.arena.get();  // more than one reduction thread already

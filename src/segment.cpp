@@ -632,6 +632,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     publish_cpus(mine.info);
     mine.info.pid.store(getpid(), std::memory_order_relaxed);
     mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
+    mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),
+                               std::memory_order_relaxed);
     mine.info.state.store(kRankAttached, std::memory_order_relaxed);
     h.attached.store(1, std::memory_order_relaxed);
     h.status.store(kStatusReady, std::memory_order_release);  // last: "ready"
@@ -785,6 +787,8 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   publish_cpus(mine.info);
   mine.info.pid.store(getpid(), std::memory_order_relaxed);
   mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
+  mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),
+                             std::memory_order_relaxed);
   mine.info.state.store(kRankAttached, std::memory_order_release);
   seg->registered_ = true;
   track_fd(seg->fd_);

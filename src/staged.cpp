@@ -53,6 +53,24 @@
 //                        the direct reduce_scatter, and float16 / bfloat16
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
+//
+// Single copy (alltoall, gather, scatter, allgatherv). When the largest
+// block is kSingleCopyMinBytes to kSingleCopyMaxBytes (64-256 KiB), the job
+// is not oversubscribed and every rank can read every other's memory with
+// process_vm_readv (cma.hpp; probed once per communicator, SHMRING_CMA=0
+// says no), the data rounds give way to one round with no copy into shared
+// memory: each rank publishes in its descriptor (`cma`) whether it can
+// read the others and the address of its data; after the announcement the
+// readers copy their blocks straight from the writers' buffers, then
+// publish `taken` for round 0; a writer returns once its readers have (its
+// buffer must not change before). MPI's vader transport does the same for
+// large messages; it moves each byte once instead of twice. A writer that
+// expects the round leaves its block out of round 0 and says so (the
+// kCmaNoInline flag); when the round does not happen after all (another
+// rank cannot read), the data rounds carry every block, even small ones.
+// Errors: a reader that fails to read ends the job on every rank (ESRCH:
+// the writer died; EFAULT: the writer passed memory its process cannot
+// read).
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
 // they go eager: only the rank that reads waits. Blocks of at most 232 bytes
 // (kEagerBytes) go through the eager rings below and may run up to 32
@@ -140,10 +158,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <type_traits>
 
+#include "cma.hpp"
 #include "comm_impl.hpp"
+#include "log.hpp"
 #include "reduce_steps.hpp"
 
 namespace shmring::algo {
@@ -300,6 +321,19 @@ class Rounds {
     // c mod 2, as a direct collective does (acquire_direct_buffer's rule).
     if (data_rounds_ > 0) c_.staged_done_needed = c_.collectives + 1;
   }
+  /// Ends a collective whose blocks went in the single-copy round: each
+  /// reader copied them straight from its writers' buffers, then says so
+  /// with `taken` for round 0; a writer returns (and its caller may reuse
+  /// its buffer) once every reader has.
+  template <class IsReader>
+  void finish_single(bool writer, bool reader, IsReader is_reader) {
+    if (reader) taken(0);
+    if (writer)
+      for (int q = 0; q < c_.size; ++q)
+        if (q != c_.rank && is_reader(q))
+          c_.wait_counter(c_.area(q).taken, base_ + 1, q, "a reader to copy our data");
+    c_.staged_rounds = base_ + 1;
+  }
   /// Round 0: the inline data in direct buffer c mod 2, after the header.
   /// Data rounds without slots: direct buffer (c + k) mod 2; through the
   /// slots: half k mod 2 of the rank's slot area.
@@ -408,6 +442,101 @@ void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
       c.rank, c.collectives, c.describe(*c.current))));
 }
 
+// ---- Single copy (see the top comment, "Single copy"). ----
+
+// Whether this rank may read every peer's memory: once per communicator, 8
+// bytes from each peer's RankInfo::probe_addr, which must read back as its
+// own address (so that a pid of another pid namespace, naming some other
+// process, cannot pass).
+bool cma_capable(Communicator::Impl& c) {
+  if (c.cma_probed < 0) {
+    bool ok = c.cma_mode == 1;
+    int refused_by = -1, err = 0;
+    for (int q = 0; ok && q < c.size; ++q) {
+      if (q == c.rank) continue;
+      const detail::RankInfo& info = c.area(q).info;
+      const std::uint64_t addr = info.probe_addr.load(std::memory_order_relaxed);
+      std::uint64_t seen = 0;
+      err = addr == 0 ? EINVAL
+                      : detail::cma_read(info.pid.load(std::memory_order_relaxed),
+                                         reinterpret_cast<std::byte*>(&seen), addr, sizeof seen);
+      ok = err == 0 && seen == addr;
+      if (!ok) refused_by = q;
+    }
+    if (!ok && c.cma_mode == 1)
+      SHMRING_LOG(info,
+                  "single-copy reads (process_vm_readv) of rank {} refused ({}): staged "
+                  "collectives copy through shared memory",
+                  refused_by, err != 0 ? std::strerror(err) : "read another value");
+    c.cma_probed = ok ? 1 : 0;
+  }
+  return c.cma_probed == 1;
+}
+
+// What this rank publishes in its descriptor's `cma` word (layout.hpp).
+std::uint64_t cma_word(Communicator::Impl& c, const void* data) {
+  if (!cma_capable(c)) return 0;
+  return detail::kCmaCapable | reinterpret_cast<std::uint64_t>(data);
+}
+
+// Copies `bytes` at `offset` of writer w's published data into `dst`. A
+// failure ends the job on every rank: the writer died (ESRCH), its buffer is
+// not memory of its process (EFAULT: a bad pointer passed to the call), or
+// the kernel refused a read it allowed at the probe.
+void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  const std::uint64_t base =
+      desc_of(c, w).cma.load(std::memory_order_relaxed) & detail::kCmaAddressMask;
+  const int pid = c.area(w).info.pid.load(std::memory_order_relaxed);
+  const int err = detail::cma_read_parallel(c.arena.get(), pid, dst, base + offset, bytes);
+  if (err == 0) return;
+  if (err == ESRCH)
+    c.fail(PeerFailureError(fmt::format("rank {}: rank {} (pid {}) died during collective #{} {}",
+                                        c.rank, w, pid, c.collectives, c.describe(*c.current))));
+  c.fail(SystemError(
+      fmt::format("rank {}: collective #{} {}: reading {} bytes of rank {}'s buffer (pid {}, "
+                  "address {:#x}) with process_vm_readv failed: {}{}",
+                  c.rank, c.collectives, c.describe(*c.current), bytes, w, pid, base + offset,
+                  std::strerror(err),
+                  err == EFAULT ? "; rank " + std::to_string(w) +
+                                      "'s buffer is not valid memory of its process"
+                                : "; SHMRING_CMA=0 turns single-copy reads off"),
+      err));
+}
+
+// The single-copy round pays for blocks of kSingleCopyMinBytes to
+// kSingleCopyMaxBytes (bench/README.md): below, the two copies through the
+// direct buffers cost less than the kernel's page walk; above, the slot
+// rounds' copies run on several threads and overlap, while one
+// process_vm_readv runs on one. Not when ranks share CPUs (a reader that
+// runs where its writer did finds the data in cache through the slots).
+// Every input is the same on every rank (the descriptors, `largest`, the
+// job's oversubscription), so every rank takes the same path.
+constexpr std::size_t kSingleCopyMinBytes = 64 * 1024, kSingleCopyMaxBytes = 256 * 1024;
+
+bool single_copy(Communicator::Impl& c, std::size_t largest) {
+  if (largest < kSingleCopyMinBytes || largest > kSingleCopyMaxBytes || c.config.oversubscribed)
+    return false;
+  for (int q = 0; q < c.size; ++q)
+    if ((desc_of(c, q).cma.load(std::memory_order_relaxed) & detail::kCmaCapable) == 0)
+      return false;
+  return true;
+}
+
+// A writer whose block is big enough for the single-copy round, and which
+// can take it, leaves its block out of round 0 (it would be copied for
+// nothing); when the round does not happen (a peer cannot read), the data
+// rounds carry the blocks instead of round 0.
+bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
+  return local_largest >= kSingleCopyMinBytes && !c.config.oversubscribed && cma_capable(c);
+}
+
+bool someone_left_inline_out(Communicator::Impl& c) {
+  for (int q = 0; q < c.size; ++q)
+    if (desc_of(c, q).cma.load(std::memory_order_relaxed) & detail::kCmaNoInline) return true;
+  return false;
+}
+
 }  // namespace
 
 namespace {
@@ -431,11 +560,12 @@ namespace {
 // sides wait for it (N=2 gather of 256 KiB: three copies in a row instead
 // of two side by side).
 template <class IsReader, class Header, class Check, class Write, class Read,
-          class Local = std::nullptr_t>
+          class Local = std::nullptr_t, class Single = std::nullptr_t>
 void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
                 std::size_t local_largest, Header header, Check check, Write write, Read read,
-                Local local = nullptr) {
+                Local local = nullptr, Single single = nullptr, const void* my_data = nullptr) {
   constexpr bool has_header = !std::is_same_v<Header, std::nullptr_t>;
+  constexpr bool has_single = !std::is_same_v<Single, std::nullptr_t>;
   bool local_done = std::is_same_v<Local, std::nullptr_t>;
   auto copy_local = [&] {
     if constexpr (!std::is_same_v<Local, std::nullptr_t>) {
@@ -444,21 +574,38 @@ void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsRe
     }
   };
   const std::size_t lane0 = r.lane_inline();
+  bool no_inline = false;
+  if constexpr (has_single) no_inline = writer && leaves_inline_out(c, local_largest);
   if (writer) {
     std::byte* buf = r.acquire(0, is_reader);
     if constexpr (has_header) header(buf);
-    if (lane0 > 0 && local_largest <= lane0) write(buf + r.inline_offset(), 0, lane0);
+    if (lane0 > 0 && local_largest <= lane0 && !no_inline) write(buf + r.inline_offset(), 0, lane0);
     // Round 0 needs no `posted`: readers wait for the announcement below.
   }
+  if constexpr (has_single)
+    c.my_area().desc[c.collectives % detail::kDescRing].cma.store(
+        cma_word(c, writer ? my_data : nullptr) | (no_inline ? detail::kCmaNoInline : 0),
+        std::memory_order_relaxed);
   announce_and_check(c);
   const std::size_t largest = check();
-  const bool inline_data = lane0 > 0 && largest <= lane0;
+  bool one_copy = false, inline_data = lane0 > 0 && largest <= lane0;
+  if constexpr (has_single) {
+    one_copy = single_copy(c, largest);
+    if (one_copy || someone_left_inline_out(c)) inline_data = false;
+  }
   if (inline_data) {
     // One synchronisation: buffer c mod 2 is reused after every rank has
     // finished c (acquire_direct_buffer), so no `taken` either. (Counters
     // only grow: skipping a value leaves later waits unchanged.)
     copy_local();
     if (reader) read(0, 0, lane0);
+  } else if (one_copy) {
+    if constexpr (has_single) {
+      copy_local();
+      if (reader) single();
+      r.finish_single(writer, reader, is_reader);
+      return;
+    }
   } else {
     r.plan(largest);
     // Round 2 rewrites round 0's buffer once its readers took it.
@@ -506,7 +653,15 @@ void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::s
             const int w = (me - t + n) % n;
             c.copy(out + w * bytes + s.begin, r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
           }
-      });
+      },
+      nullptr,
+      [&] {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          cma_take(c, w, me * bytes, out + w * bytes, bytes);
+        }
+      },
+      send);
 }
 
 void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
@@ -992,7 +1147,14 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
             c.copy(out + w * bytes + s.begin, r.await(w, k), s.bytes);
           }
       },
-      copy_own);
+      copy_own,
+      [&] {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me + t) % n;
+          cma_take(c, w, 0, out + w * bytes, bytes);
+        }
+      },
+      send);
 }
 
 void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -1032,7 +1194,7 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
           c.copy(static_cast<std::byte*>(recv) + s.begin,
                  r.await(root, k) + lane_index(root, me, n) * lane, s.bytes);
       },
-      copy_own);
+      copy_own, [&] { cma_take(c, root, me * bytes, static_cast<std::byte*>(recv), bytes); }, send);
 }
 
 void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
@@ -1062,7 +1224,15 @@ void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, cons
           const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
           if (s.bytes > 0) c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k), s.bytes);
         }
-      });
+      },
+      nullptr,
+      [&] {
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          cma_take(c, w, 0, out + v.recv_displs[w] * es, v.recv_counts[w] * es);
+        }
+      },
+      send);
 }
 
 void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,

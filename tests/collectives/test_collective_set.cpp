@@ -9,6 +9,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -981,4 +985,150 @@ TEST_CASE(
     });
     check_all(st);
   }
+}
+
+// ---- The single-copy round (staged.cpp "Single copy"): at N=2 with a CPU
+// per rank, blocks of 64-256 KiB go straight from the writer's buffer to the
+// reader's with process_vm_readv when every rank can read every other.
+
+namespace {
+
+// Whether one process may read a sibling's memory here (no Yama
+// ptrace_scope=1, no seccomp filter refusing process_vm_readv).
+bool sibling_reads_work() {
+  static std::uint64_t word = 0x5eed;
+  pid_t target = fork();
+  if (target == 0) {
+    pause();
+    _exit(0);
+  }
+  pid_t reader = fork();
+  if (reader == 0) {
+    std::uint64_t seen = 0;
+    struct iovec local {
+      &seen, sizeof seen
+    };
+    struct iovec remote {
+      &word, sizeof word
+    };
+    _exit(process_vm_readv(target, &local, 1, &remote, 1, 0) == sizeof seen && seen == word ? 0
+                                                                                            : 1);
+  }
+  int st = 0;
+  waitpid(reader, &st, 0);
+  kill(target, SIGKILL);
+  waitpid(target, nullptr, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// Every collective with a single-copy round, N=2, block sizes around its
+// range (64 KiB - 256 KiB of int32): below it (inline), at both ends, in the
+// middle, past it (slot rounds); every root, in place where MPI allows it.
+void single_copy_sweep(Communicator& c) {
+  const int me = c.rank(), n = c.size();
+  for (std::size_t count : {16383u, 16384u, 40000u, 65536u, 65537u, 100000u}) {
+    std::vector<std::int32_t> in(count * n), out(count * n, -1);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+    c.alltoall(in.data(), out.data(), count, DataType::int32);
+    for (int j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < count; ++i)
+        SHMRING_CHILD_CHECK(out[j * count + i] == val(j, me * count + i),
+                            "alltoall count %zu: block %d [%zu] = %d", count, j, i,
+                            out[j * count + i]);
+    for (int root = 0; root < n; ++root)
+      for (bool in_place : {false, true}) {
+        std::fill(out.begin(), out.end(), -1);
+        const void* send = in.data();
+        if (in_place && me == root) {
+          std::copy_n(in.begin(), count, out.begin() + static_cast<long>(root * count));
+          send = out.data() + root * count;
+        }
+        Request q =
+            c.igather(send, me == root ? out.data() : nullptr, count, DataType::int32, root);
+        q.wait();
+        if (me == root)
+          for (int j = 0; j < n; ++j)
+            for (std::size_t i = 0; i < count; ++i)
+              SHMRING_CHILD_CHECK(out[j * count + i] == val(j, i),
+                                  "gather count %zu root %d: block %d [%zu] = %d", count, root, j,
+                                  i, out[j * count + i]);
+        std::vector<std::int32_t> part(count, -1);
+        void* recv = in_place && me == root ? in.data() + root * count : part.data();
+        c.scatter(me == root ? in.data() : nullptr, recv, count, DataType::int32, root);
+        const auto* got = static_cast<const std::int32_t*>(recv);
+        for (std::size_t i = 0; i < count; ++i)
+          SHMRING_CHILD_CHECK(got[i] == val(root, me * count + i),
+                              "scatter count %zu root %d [%zu] = %d", count, root, i, got[i]);
+      }
+    // Uneven: one block in the range, the other below it, empty or past it.
+    for (std::size_t other : {0u, 100u, 20000u, 90000u}) {
+      std::vector<std::size_t> rc = {count, other}, d;
+      std::vector<std::int32_t> all(reverse_displs(rc, d), -7), mine(rc[me]);
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = val(me, i);
+      for (bool in_place : {false, true}) {
+        std::fill(all.begin(), all.end(), -7);
+        const void* send = mine.data();
+        if (in_place) {
+          std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(d[me]));
+          send = all.data() + d[me];
+        }
+        c.allgatherv(send, rc[me], all.data(), rc, d, DataType::int32);
+        for (int j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < rc[j]; ++i)
+            SHMRING_CHILD_CHECK(all[d[j] + i] == val(j, i),
+                                "allgatherv counts %zu,%zu in_place %d: from %d [%zu] = %d", count,
+                                other, in_place, j, i, all[d[j] + i]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("single-copy round: every collective, on both ranks, on one, on neither") {
+  // SHMRING_CMA is read when a communicator is made: each rank sets its own.
+  for (int off_mask : {0, 2, 1, 3}) {  // bit r: rank r has single copies off
+    INFO("SHMRING_CMA=0 on ranks (mask) ", off_mask);
+    const std::string job = test::unique_job_id("cma");
+    check_all(test::run_processes(2, [&](int r) {
+      if (off_mask & (1 << r)) setenv("SHMRING_CMA", "0", 1);
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.job_id = job;
+      Communicator comm(o);
+      single_copy_sweep(comm);
+    }));
+  }
+}
+
+TEST_CASE("single-copy round: a writer's buffer its process cannot read fails every rank") {
+  // White-box: a gather's non-root in the single-copy round never touches
+  // its send buffer, so the root's process_vm_readv is the first to find it
+  // unreadable (EFAULT), and the job ends with the reason on both ranks.
+  if (!sibling_reads_work()) {
+    MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
+    return;
+  }
+  const std::size_t count = 32768;  // 128 KiB of int32
+  check_all(run_ranks(2, [&](Communicator& c) {
+    if (c.config().oversubscribed) return;  // no single-copy round: nothing to test
+    const std::size_t bytes = count * sizeof(std::int32_t);
+    void* page = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    SHMRING_CHILD_CHECK(page != MAP_FAILED, "mmap");
+    std::vector<std::int32_t> out(2 * count);
+    std::vector<std::int32_t> mine(count, 1);
+    const void* send = c.rank() == 1 ? page : mine.data();
+    try {
+      c.gather(send, c.rank() == 0 ? out.data() : nullptr, count, DataType::int32, 0);
+      SHMRING_CHILD_CHECK(false, "rank %d: gather of an unreadable buffer returned", c.rank());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      SHMRING_CHILD_CHECK(e.code() == ErrorCode::system_error, "rank %d: code %d: %s", c.rank(),
+                          static_cast<int>(e.code()), e.what());
+      SHMRING_CHILD_CHECK(what.find("rank 1's buffer is not valid memory") != std::string::npos,
+                          "rank %d: %s", c.rank(), e.what());
+    }
+    munmap(page, bytes);
+  }));
 }

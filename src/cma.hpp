@@ -1,0 +1,35 @@
+#pragma once
+
+// Cross-memory attach (process_vm_readv): one copy from another process's
+// memory into ours, the kernel walking the other's page tables. Used by
+// point-to-point messages (p2p.cpp) and by the staged collectives' single-copy
+// round (staged.cpp). It needs ptrace access to the other process: Yama's
+// ptrace_scope=1 allows only descendants unless the target called
+// prctl(PR_SET_PTRACER), and seccomp filters (some containers) refuse it.
+
+#include <tbb/task_arena.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shmring::detail {
+
+/// Reads `bytes` at address `addr` of process `pid` into `dst`, retrying
+/// partial reads. Returns 0 or an errno: ESRCH (no such process), EPERM
+/// (not allowed), EFAULT (a range not mapped), ENOSYS. Thread-safe.
+int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes);
+
+/// cma_read split in 1 MiB reads across `arena`'s threads from 8 MiB (one
+/// thread's copy rarely uses the bandwidth of two cores); on the calling
+/// thread below that or without an arena. Returns 0 or one of the errnos.
+int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint64_t addr,
+                      std::uint64_t bytes);
+
+/// Bytes from which cma_read_parallel splits a read.
+inline constexpr std::uint64_t kCmaParallelMinBytes = 8u << 20;
+
+/// Lets any process of this user read us under Yama ptrace_scope=1
+/// (prctl PR_SET_PTRACER_ANY); nothing elsewhere. For SHMRING_CMA=1.
+void allow_cma_readers();
+
+}  // namespace shmring::detail
