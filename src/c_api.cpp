@@ -3,10 +3,13 @@
 
 #include "shmring/shmring.h"
 
+#include <fmt/format.h>
+
 #include <exception>
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "shmring/shmring.hpp"
 
@@ -61,6 +64,38 @@ shmring_result_t null_output(shmring_comm_t c, const char* fn, const char* what)
 
 #define SHMRING_REQUIRE_COMM(c) \
   if ((c) == nullptr) return null_comm(__func__)
+
+// The C enums are ints, shmring::DataType and ReduceOp 8-bit: a plain cast
+// would wrap 256 to float32 (and 257 to float64, past the caller's buffer).
+// Values outside 0..255 are refused before the cast (SHMRING_REQUIRE_ENUM),
+// naming the value passed; the front checks the rest (8..255 name the same
+// value there). A collective's refusal goes through reject_call, so that
+// its peers fail at once; a point-to-point call's stays on this rank.
+shmring_result_t bad_enum(shmring_comm_t comm, const char* fn, const char* what, long long value,
+                          int last) {
+  std::string_view name(fn);
+  if (name.substr(0, 8) == "shmring_") name.remove_prefix(8);
+  const std::string why = fmt::format(
+      "{} {} is not a {} (0..{})", what, value,
+      std::string_view(what) == "datatype" ? "shmring_datatype_t" : "shmring_reduce_op_t", last);
+  if (name == "send" || name == "recv" || name == "isend" || name == "irecv") {
+    t_last_error = fmt::format("rank {}: {}: {}", comm->comm.rank(), name, why);
+    comm->last_error = t_last_error;
+    return SHMRING_ERR_INVALID_ARGUMENT;
+  }
+  return guarded(comm, [&] { comm->comm.reject_call(std::string(name), why); });
+}
+
+#define SHMRING_REQUIRE_ENUM(c, value, what, last, req)                \
+  if (static_cast<int>(value) < 0 || static_cast<int>(value) > 255) {  \
+    shmring_request_t* r_ = (req);                                     \
+    if (r_ != nullptr) *r_ = nullptr;                                  \
+    return bad_enum(c, __func__, what, static_cast<int>(value), last); \
+  }
+#define SHMRING_REQUIRE_DTYPE(c, d, req) \
+  SHMRING_REQUIRE_ENUM(c, d, "datatype", static_cast<int>(SHMRING_INT64), req)
+#define SHMRING_REQUIRE_OP(c, o, req) \
+  SHMRING_REQUIRE_ENUM(c, o, "reduce op", static_cast<int>(SHMRING_AVG), req)
 
 shmring::DataType dt(shmring_datatype_t d) {
   return static_cast<shmring::DataType>(d);
@@ -148,6 +183,8 @@ shmring_result_t shmring_allreduce(const void* send, void* recv, size_t count,
                                    shmring_datatype_t dtype, shmring_reduce_op_t o,
                                    shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
+  SHMRING_REQUIRE_OP(comm, o, nullptr);
   return guarded(comm, [&] { comm->comm.allreduce(send, recv, count, dt(dtype), op(o)); });
 }
 
@@ -155,6 +192,8 @@ shmring_result_t shmring_reduce_scatter(const void* send, void* recv, size_t rec
                                         shmring_datatype_t dtype, shmring_reduce_op_t o,
                                         shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
+  SHMRING_REQUIRE_OP(comm, o, nullptr);
   return guarded(comm,
                  [&] { comm->comm.reduce_scatter(send, recv, recv_count, dt(dtype), op(o)); });
 }
@@ -162,12 +201,14 @@ shmring_result_t shmring_reduce_scatter(const void* send, void* recv, size_t rec
 shmring_result_t shmring_allgather(const void* send, void* recv, size_t send_count,
                                    shmring_datatype_t dtype, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.allgather(send, recv, send_count, dt(dtype)); });
 }
 
 shmring_result_t shmring_broadcast(void* buffer, size_t count, shmring_datatype_t dtype, int root,
                                    shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.broadcast(buffer, count, dt(dtype), root); });
 }
 
@@ -175,6 +216,8 @@ shmring_result_t shmring_reduce(const void* send, void* recv, size_t count,
                                 shmring_datatype_t dtype, shmring_reduce_op_t o, int root,
                                 shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
+  SHMRING_REQUIRE_OP(comm, o, nullptr);
   return guarded(comm, [&] { comm->comm.reduce(send, recv, count, dt(dtype), op(o), root); });
 }
 
@@ -214,6 +257,8 @@ shmring_result_t shmring_iallreduce(const void* send, void* recv, size_t count,
                                     shmring_datatype_t dtype, shmring_reduce_op_t o,
                                     shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
+  SHMRING_REQUIRE_OP(comm, o, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.iallreduce(send, recv, count, dt(dtype), op(o)); });
 }
@@ -222,6 +267,8 @@ shmring_result_t shmring_ireduce_scatter(const void* send, void* recv, size_t re
                                          shmring_datatype_t dtype, shmring_reduce_op_t o,
                                          shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
+  SHMRING_REQUIRE_OP(comm, o, req);
   return start(comm, req, __func__, [&] {
     return comm->comm.ireduce_scatter(send, recv, recv_count, dt(dtype), op(o));
   });
@@ -231,6 +278,7 @@ shmring_result_t shmring_iallgather(const void* send, void* recv, size_t send_co
                                     shmring_datatype_t dtype, shmring_comm_t comm,
                                     shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.iallgather(send, recv, send_count, dt(dtype)); });
 }
@@ -238,6 +286,7 @@ shmring_result_t shmring_iallgather(const void* send, void* recv, size_t send_co
 shmring_result_t shmring_ibroadcast(void* buffer, size_t count, shmring_datatype_t dtype, int root,
                                     shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.ibroadcast(buffer, count, dt(dtype), root); });
 }
@@ -246,6 +295,8 @@ shmring_result_t shmring_ireduce(const void* send, void* recv, size_t count,
                                  shmring_datatype_t dtype, shmring_reduce_op_t o, int root,
                                  shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
+  SHMRING_REQUIRE_OP(comm, o, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.ireduce(send, recv, count, dt(dtype), op(o), root); });
 }
@@ -279,6 +330,7 @@ extern "C" {
 shmring_result_t shmring_alltoall(const void* send, void* recv, size_t count,
                                   shmring_datatype_t dtype, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.alltoall(send, recv, count, dt(dtype)); });
 }
 
@@ -287,6 +339,7 @@ shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
                                    const size_t* recv_displs, shmring_datatype_t dtype,
                                    shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] {
     const char* what = "alltoallv";
     auto sc = entries(comm, what, "send_counts", send_counts);
@@ -300,12 +353,14 @@ shmring_result_t shmring_alltoallv(const void* send, const size_t* send_counts,
 shmring_result_t shmring_gather(const void* send, void* recv, size_t count,
                                 shmring_datatype_t dtype, int root, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.gather(send, recv, count, dt(dtype), root); });
 }
 
 shmring_result_t shmring_scatter(const void* send, void* recv, size_t count,
                                  shmring_datatype_t dtype, int root, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.scatter(send, recv, count, dt(dtype), root); });
 }
 
@@ -313,6 +368,7 @@ shmring_result_t shmring_allgatherv(const void* send, size_t send_count, void* r
                                     const size_t* recv_counts, const size_t* displs,
                                     shmring_datatype_t dtype, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] {
     auto rc = entries(comm, "allgatherv", "recv_counts", recv_counts);
     auto d = entries(comm, "allgatherv", "displs", displs);
@@ -324,6 +380,8 @@ shmring_result_t shmring_reduce_scatter_v(const void* send, void* recv, const si
                                           shmring_datatype_t dtype, shmring_reduce_op_t o,
                                           shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
+  SHMRING_REQUIRE_OP(comm, o, nullptr);
   return guarded(comm, [&] {
     comm->comm.reduce_scatter_v(send, recv,
                                 entries(comm, "reduce_scatter_v", "recv_counts", recv_counts),
@@ -335,6 +393,7 @@ shmring_result_t shmring_ialltoall(const void* send, void* recv, size_t count,
                                    shmring_datatype_t dtype, shmring_comm_t comm,
                                    shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.ialltoall(send, recv, count, dt(dtype)); });
 }
@@ -345,6 +404,7 @@ shmring_result_t shmring_ialltoallv(const void* send, const size_t* send_counts,
                                     shmring_datatype_t dtype, shmring_comm_t comm,
                                     shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__, [&] {
     const char* what = "alltoallv";
     auto sc = entries(comm, what, "send_counts", send_counts);
@@ -359,6 +419,7 @@ shmring_result_t shmring_igather(const void* send, void* recv, size_t count,
                                  shmring_datatype_t dtype, int root, shmring_comm_t comm,
                                  shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.igather(send, recv, count, dt(dtype), root); });
 }
@@ -367,6 +428,7 @@ shmring_result_t shmring_iscatter(const void* send, void* recv, size_t count,
                                   shmring_datatype_t dtype, int root, shmring_comm_t comm,
                                   shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__,
                [&] { return comm->comm.iscatter(send, recv, count, dt(dtype), root); });
 }
@@ -376,6 +438,7 @@ shmring_result_t shmring_iallgatherv(const void* send, size_t send_count, void* 
                                      shmring_datatype_t dtype, shmring_comm_t comm,
                                      shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start(comm, req, __func__, [&] {
     auto rc = entries(comm, "allgatherv", "recv_counts", recv_counts);
     auto d = entries(comm, "allgatherv", "displs", displs);
@@ -387,6 +450,8 @@ shmring_result_t shmring_ireduce_scatter_v(const void* send, void* recv, const s
                                            shmring_datatype_t dtype, shmring_reduce_op_t o,
                                            shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
+  SHMRING_REQUIRE_OP(comm, o, req);
   return start(comm, req, __func__, [&] {
     return comm->comm.ireduce_scatter_v(
         send, recv, entries(comm, "reduce_scatter_v", "recv_counts", recv_counts), dt(dtype),
@@ -437,18 +502,21 @@ shmring_result_t shmring_request_free(shmring_request_t req) {
 shmring_result_t shmring_send(const void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                               int tag, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.send(buffer, count, dt(dtype), peer, tag); });
 }
 
 shmring_result_t shmring_recv(void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                               int tag, shmring_comm_t comm) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, nullptr);
   return guarded(comm, [&] { comm->comm.recv(buffer, count, dt(dtype), peer, tag); });
 }
 
 shmring_result_t shmring_isend(const void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                                int tag, shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start_p2p(comm, req, __func__,
                    [&] { return comm->comm.isend(buffer, count, dt(dtype), peer, tag); });
 }
@@ -456,6 +524,7 @@ shmring_result_t shmring_isend(const void* buffer, size_t count, shmring_datatyp
 shmring_result_t shmring_irecv(void* buffer, size_t count, shmring_datatype_t dtype, int peer,
                                int tag, shmring_comm_t comm, shmring_request_t* req) {
   SHMRING_REQUIRE_COMM(comm);
+  SHMRING_REQUIRE_DTYPE(comm, dtype, req);
   return start_p2p(comm, req, __func__,
                    [&] { return comm->comm.irecv(buffer, count, dt(dtype), peer, tag); });
 }

@@ -118,6 +118,8 @@ struct Communicator::Impl {
   // (cma.hpp); 1, the default, does where the kernel allows it. Point-to-
   // point messages and the staged collectives' single-copy round use it.
   int cma_mode = 1;
+  // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
+  std::size_t cma_min_bytes = 64 * 1024;
   // Whether this rank can read every peer's memory (staged.cpp
   // cma_capable): -1 not probed yet, else 0 or 1.
   int cma_probed = -1;

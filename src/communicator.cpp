@@ -526,6 +526,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
     // ptrace_scope=1 (any process of this user may then attach to us).
     if (c.cma_mode == 1) detail::allow_cma_readers();
   }
+  if (auto v = detail::env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
+    c.cma_min_bytes = static_cast<std::size_t>(*v);
   c.rank = cfg.rank;
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;

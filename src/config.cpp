@@ -236,6 +236,17 @@ Config resolve_config_impl(const Options& o, Config& c) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
   if (o.rank >= 0 || o.world_size >= 0) {
+    // One of the two given: the other is missing, not -1 (its "unset" value).
+    if (o.world_size < 0)
+      throw InvalidArgumentError(
+          fmt::format("rank={} given but no world_size: pass both, or neither (then the launcher's "
+                      "variables or SHMRING_RANK and SHMRING_WORLD_SIZE say)",
+                      o.rank));
+    if (o.rank < 0)
+      throw InvalidArgumentError(
+          fmt::format("world_size={} given but no rank: pass both, or neither (then the launcher's "
+                      "variables or SHMRING_RANK and SHMRING_WORLD_SIZE say)",
+                      o.world_size));
     if (o.world_size < 1 || o.world_size > kMaxRanks)
       throw InvalidArgumentError(
           fmt::format("world_size={}: expected an integer in [1, {}]", o.world_size, kMaxRanks));
@@ -335,9 +346,21 @@ Config resolve_config_impl(const Options& o, Config& c) {
   }
 
   // 0 = automatic: apply_placement() decides once every rank has attached.
+  if (o.threads < 0 || o.threads > 1024)
+    throw InvalidArgumentError(fmt::format(
+        "Options::threads={}: expected an integer in [1, 1024], or 0 for SHMRING_THREADS or "
+        "automatic",
+        o.threads));
   c.threads =
       o.threads > 0 ? o.threads : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(0));
 
+  // 0 = unset; anything else must be a usable deadline (a negative or NaN one
+  // fell back to the default silently, while SHMRING_TIMEOUT=-1 was refused).
+  if (o.timeout_s != 0 && !(o.timeout_s >= 0.001 && o.timeout_s <= 1e9))
+    throw InvalidArgumentError(fmt::format(
+        "Options::timeout_s={}: expected seconds in [0.001, 1e9], or 0 for SHMRING_TIMEOUT or "
+        "the default ({} s)",
+        o.timeout_s, kDefaultTimeoutS));
   c.timeout_s = o.timeout_s > 0
                     ? o.timeout_s
                     : env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(kDefaultTimeoutS);

@@ -255,12 +255,13 @@ struct P2p::PeerState {
 };
 
 P2p::P2p(Communicator::Impl& c)
-    : c_(c), base_(c.seg->p2p_base()), cma_min_bytes_(64 * 1024), fork_gen_(fork_generation()) {
+    : c_(c),
+      base_(c.seg->p2p_base()),
+      cma_(c.cma_mode),                 // SHMRING_CMA and SHMRING_CMA_MIN_BYTES, parsed (and
+      cma_min_bytes_(c.cma_min_bytes),  // PR_SET_PTRACER set) by the constructor
+      fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
   light_ring_ = register_asymmetric_fence();
-  cma_ = c.cma_mode;  // SHMRING_CMA, parsed (and PR_SET_PTRACER set) by the constructor
-  if (auto v = env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
-    cma_min_bytes_ = static_cast<std::size_t>(*v);
 }
 
 P2p::~P2p() {

@@ -128,8 +128,8 @@ class P2p {
   std::byte* base_;
   std::size_t stage_bytes_ = kP2pStageBytes;
   bool light_ring_ = false;  // membarrier registered: ring_light() needs no fence
-  int cma_ = 1;              // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
-  std::size_t cma_min_bytes_;
+  const int cma_;            // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
+  const std::size_t cma_min_bytes_;
   const unsigned fork_gen_;
 
   mutable std::mutex mutex_;

@@ -153,12 +153,60 @@ static void run_one_null_split(int rank, const char* job) {
   CHECK_OK(shmring_comm_destroy(comm));
 }
 
+/* Enum values that an 8-bit cast would wrap to valid ones (256 -> float32 /
+ * sum, 257 -> float64): rank kBad passes them, one case per communicator
+ * (a refusal breaks it), blocking and i-form; it gets InvalidArgumentError
+ * naming the value it passed, the peers a mismatch naming it. A send's bad
+ * datatype stays on the sender. */
+static void run_one_bad_enum(int rank, const char* job) {
+  float in[4] = {1, 2, 3, 4}, out[4] = {0};
+  int k;
+  for (k = 0; k < 4; ++k) {
+    shmring_comm_t comm = NULL;
+    shmring_request_t req = NULL;
+    shmring_result_t r = SHMRING_SUCCESS;
+    char id[96];
+    const char* want = NULL;
+    snprintf(id, sizeof id, "%s-%d", job, k);
+    CHECK_OK(shmring_comm_init(&comm, rank, kRanks, id));
+    if (rank == kBad) {
+      if (k == 0) {
+        r = shmring_allreduce(in, out, 4, (shmring_datatype_t)256, SHMRING_SUM, comm);
+        want = "datatype 256 is not a shmring_datatype_t";
+      } else if (k == 1) {
+        r = shmring_iallreduce(in, out, 4, SHMRING_FLOAT32, (shmring_reduce_op_t)256, comm, &req);
+        CHECK(req == NULL);
+        want = "reduce op 256 is not a shmring_reduce_op_t";
+      } else if (k == 2) {
+        r = shmring_broadcast(in, 4, (shmring_datatype_t)-1, 0, comm);
+        want = "datatype -1 is not";
+      } else {
+        r = shmring_send(in, 4, (shmring_datatype_t)257, 0, 0, comm);
+        want = "send: datatype 257 is not";
+      }
+      CHECK(r == SHMRING_ERR_INVALID_ARGUMENT);
+      CHECK(strstr(shmring_get_last_error(comm), want) != NULL);
+    } else if (k == 0) {
+      check_peer_told(comm, shmring_allreduce(in, out, 4, SHMRING_FLOAT32, SHMRING_SUM, comm));
+    } else if (k == 1) {
+      CHECK_OK(shmring_iallreduce(in, out, 4, SHMRING_FLOAT32, SHMRING_SUM, comm, &req));
+      check_peer_told(comm, shmring_wait(&req));
+    } else if (k == 2) {
+      check_peer_told(comm, shmring_broadcast(in, 4, SHMRING_FLOAT32, 0, comm));
+    }
+    /* k == 3: the send was refused locally; every rank is still usable. */
+    if (k == 3) CHECK_OK(shmring_allreduce(in, out, 4, SHMRING_FLOAT32, SHMRING_SUM, comm));
+    CHECK_OK(shmring_comm_destroy(comm));
+  }
+}
+
 int main(void) {
   int failed = run_forked_ranks(kRanks, "c-null-all", run_all_null);
   failed |= run_forked_ranks(kRanks, "c-null-one", run_one_null);
   failed |= run_forked_ranks(kRanks, "c-null-one-nb", run_one_null_nb);
   failed |= run_forked_ranks(kRanks, "c-null-req", run_one_null_req);
   failed |= run_forked_ranks(kRanks, "c-null-split", run_one_null_split);
+  failed |= run_forked_ranks(kRanks, "c-bad-enum", run_one_bad_enum);
   if (!failed) printf("C API, NULL arguments: all checks passed on %d ranks\n", kRanks);
   return failed;
 }

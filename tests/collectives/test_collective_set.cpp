@@ -1132,3 +1132,33 @@ TEST_CASE("single-copy round: a writer's buffer its process cannot read fails ev
     munmap(page, bytes);
   }));
 }
+
+TEST_CASE(
+    "SHMRING_CMA and SHMRING_CMA_MIN_BYTES: a bad value fails when the communicator is made") {
+  // They were read at the first point-to-point call: a collectives-only job
+  // ran with a typo unnoticed.
+  auto st = test::run_processes(1, [](int) {
+    auto refused = [](const char* var, const char* value) {
+      setenv(var, value, 1);
+      Options o;
+      o.rank = 0;
+      o.world_size = 1;
+      o.job_id = test::unique_job_id("cma-env");
+      std::string what;
+      try {
+        Communicator c(o);
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      unsetenv(var);
+      const std::string want = std::string(var) + "='" + value + "'";
+      SHMRING_CHILD_CHECK(what.find(want) != std::string::npos, "%s: got '%s'", want.c_str(),
+                          what.c_str());
+    };
+    refused("SHMRING_CMA", "2");
+    refused("SHMRING_CMA", "yes");
+    refused("SHMRING_CMA_MIN_BYTES", "-1");
+    refused("SHMRING_CMA_MIN_BYTES", "abc");
+  });
+  check_all(st);
+}

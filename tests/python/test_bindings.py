@@ -168,6 +168,13 @@ def test_exception_hierarchy():
     (dict(rank=0, size=0), "size"),
     (dict(rank=0, size=1, job_id="bad id!"), "job id"),
     (dict(rank=0, size=1, slots=1), "slot"),
+    # Values that used to fall back to a default silently, or name -1 for
+    # an argument never given.
+    (dict(rank=0, size=1, timeout=-1), r"timeout_s=-1: expected seconds"),
+    (dict(rank=0, size=1, timeout=float("nan")), r"timeout_s=nan: expected seconds"),
+    (dict(rank=0, size=1, threads=-2), r"threads=-2: expected"),
+    (dict(rank=0), r"rank=0 given but no world_size"),
+    (dict(size=2), r"world_size=2 given but no rank"),
 ])
 def test_bad_constructor_arguments(job_id, kwargs, message):
     kwargs.setdefault("job_id", job_id)
