@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -320,15 +321,18 @@ Config resolve_config_impl(const Options& o, Config& c) {
   if (c.slots < 2 || c.slots > kMaxSlots)
     throw InvalidArgumentError(
         fmt::format("Options::slots={}: expected an integer in [2, {}]", c.slots, kMaxSlots));
-  c.slot_bytes =
-      o.slot_bytes
-          ? o.slot_bytes
-          : static_cast<std::size_t>(
-                env_int("SHMRING_SLOT_BYTES", 4096, 1ll << 30).value_or(kDefaultSlotBytes));
+  // The range and the multiple in one message (a range check of its own
+  // said "an integer in [4096, 1073741824]" for 1000, not "a multiple").
+  c.slot_bytes = o.slot_bytes
+                     ? o.slot_bytes
+                     : static_cast<std::size_t>(
+                           env_int("SHMRING_SLOT_BYTES", 0, std::numeric_limits<long long>::max())
+                               .value_or(kDefaultSlotBytes));
   if (c.slot_bytes < 4096 || c.slot_bytes > (1u << 30) || c.slot_bytes % 4096 != 0)
     throw InvalidArgumentError(
-        fmt::format("{}={}: expected a multiple of 4096 in [4096, 2^30]",
-                    o.slot_bytes ? "Options::slot_bytes" : "SHMRING_SLOT_BYTES", c.slot_bytes));
+        fmt::format("{}: expected a multiple of 4096 in [4096, 2^30]",
+                    o.slot_bytes ? fmt::format("Options::slot_bytes={}", c.slot_bytes)
+                                 : fmt::format("SHMRING_SLOT_BYTES='{}'", c.slot_bytes)));
 
   c.direct_bytes = static_cast<std::size_t>(
       env_int("SHMRING_DIRECT_BYTES", 4096, 1 << 26).value_or(kDefaultDirectBytes));

@@ -200,6 +200,9 @@ TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values"
     };
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOTS", "1", "SHMRING_SLOTS='1'"), "slots");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "12345", "multiple of 4096"), "bytes");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "1000",
+                                     "SHMRING_SLOT_BYTES='1000': expected a multiple of 4096"),
+                        "bytes below the range: the same message");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_TIMEOUT", "soon", "SHMRING_TIMEOUT='soon'"),
                         "timeout");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_ALGO", "fastest", "SHMRING_ALGO='fastest'"),
