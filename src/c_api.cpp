@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -65,6 +66,17 @@ shmring_result_t null_output(shmring_comm_t c, const char* fn, const char* what)
 #define SHMRING_REQUIRE_COMM(c) \
   if ((c) == nullptr) return null_comm(__func__)
 
+// The int a C caller passed as an enum: reading it as the C++ enum type
+// would be undefined for values outside the enumerators' range (UBSan
+// reports the load), its bytes are not.
+template <class E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "the C enums are passed as int");
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 // The C enums are ints, shmring::DataType and ReduceOp 8-bit: a plain cast
 // would wrap 256 to float32 (and 257 to float64, past the caller's buffer).
 // Values outside 0..255 are refused before the cast (SHMRING_REQUIRE_ENUM),
@@ -86,22 +98,23 @@ shmring_result_t bad_enum(shmring_comm_t comm, const char* fn, const char* what,
   return guarded(comm, [&] { comm->comm.reject_call(std::string(name), why); });
 }
 
-#define SHMRING_REQUIRE_ENUM(c, value, what, last, req)                \
-  if (static_cast<int>(value) < 0 || static_cast<int>(value) > 255) {  \
-    shmring_request_t* r_ = (req);                                     \
-    if (r_ != nullptr) *r_ = nullptr;                                  \
-    return bad_enum(c, __func__, what, static_cast<int>(value), last); \
+#define SHMRING_REQUIRE_ENUM(c, value, what, last, req)        \
+  if (raw_enum(value) < 0 || raw_enum(value) > 255) {          \
+    shmring_request_t* r_ = (req);                             \
+    if (r_ != nullptr) *r_ = nullptr;                          \
+    return bad_enum(c, __func__, what, raw_enum(value), last); \
   }
 #define SHMRING_REQUIRE_DTYPE(c, d, req) \
   SHMRING_REQUIRE_ENUM(c, d, "datatype", static_cast<int>(SHMRING_INT64), req)
 #define SHMRING_REQUIRE_OP(c, o, req) \
   SHMRING_REQUIRE_ENUM(c, o, "reduce op", static_cast<int>(SHMRING_AVG), req)
 
+// 0..255 here (SHMRING_REQUIRE_*): the front names what is not an enumerator.
 shmring::DataType dt(shmring_datatype_t d) {
-  return static_cast<shmring::DataType>(d);
+  return static_cast<shmring::DataType>(raw_enum(d));
 }
 shmring::ReduceOp op(shmring_reduce_op_t o) {
-  return static_cast<shmring::ReduceOp>(o);
+  return static_cast<shmring::ReduceOp>(raw_enum(o));
 }
 
 // Runs an i-call: *req gets the request, or NULL when the call fails.
