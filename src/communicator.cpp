@@ -856,7 +856,17 @@ Communicator Communicator::split(int color, int key) {
   // MPI_Comm_split: gather every rank's (color, key), then each group orders
   // its members by (key, parent rank).
   std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(c.size));
-  allgather(mine.data(), all.data(), 2, DataType::int64);
+  try {
+    allgather(mine.data(), all.data(), 2, DataType::int64);
+  } catch (const Error& e) {
+    // The peers' errors name the allgather, a call they never made: say
+    // which one of theirs it belongs to.
+    throw_error(e.code(),
+                fmt::format("{} [in split(color={}, key={}), whose first step is that allgather "
+                            "of every rank's (color, key)]",
+                            e.what(), color, key),
+                e.sys_errno());
+  }
   std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
   for (int q = 0; q < c.size; ++q)
     if (all[2 * q] == color) members.push_back({all[2 * q + 1], q});

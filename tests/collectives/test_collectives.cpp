@@ -226,6 +226,31 @@ TEST_CASE("barrier: nobody leaves before the last rank arrives") {
   munmap(arrived, sizeof(std::atomic<int>));
 }
 
+TEST_CASE("split: a color refused on one rank fails every rank, naming split") {
+  // The peers wait in split's allgather of (color, key); their error used to
+  // name only that allgather, a call they never made.
+  auto status = test::run_ranks(3, [](Communicator& world) {
+    const int color = world.rank() == 1 ? -5 : 0;
+    try {
+      world.split(color, 0);
+      SHMRING_CHILD_CHECK(false, "rank %d: split with a color of -5 on rank 1 returned",
+                          world.rank());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (world.rank() == 1)
+        SHMRING_CHILD_CHECK(e.code() == ErrorCode::invalid_argument &&
+                                what.find("color -5 must be >= 0") != std::string::npos,
+                            "rank 1: %s", e.what());
+      else
+        SHMRING_CHILD_CHECK(e.code() == ErrorCode::mismatch &&
+                                what.find("rank 1 made an invalid call") != std::string::npos &&
+                                what.find("in split(color=0, key=0)") != std::string::npos,
+                            "rank %d: %s", world.rank(), e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+}
+
 TEST_CASE("split: two groups of a 5-rank world reduce concurrently, each its own sum") {
   auto status = test::run_ranks(5, [](Communicator& world) {
     const int color = world.rank() % 2;                      // {0, 2, 4} and {1, 3}
