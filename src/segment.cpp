@@ -392,11 +392,13 @@ Collision classify(const Header& h, const Identity& me) {
 }
 
 std::string two_jobs_message(const Identity& me, const std::string& name, int their_pid) {
+  // Every rank of both jobs prints this (it travels as the abort reason):
+  // it names the process that found the clash, not "this process".
   return fmt::format(
-      "rank {}: two jobs share job id '{}' on this host: shared memory segment '{}' belongs to "
-      "another job (its rank 0 is {}; this process is pid {}, rank {} of {}); give each job a "
+      "rank {}: two jobs share job id '{}' on this host: pid {} (rank {} of {} in one of them) "
+      "found shared memory segment '{}' made by the other, whose rank 0 is {}; give each job a "
       "job id of its own (SHMRING_JOB_ID, shmrun --job-id), or let shmrun choose one",
-      me.rank, me.job_id, name, pid_text(their_pid), getpid(), me.rank, me.world_size);
+      me.rank, me.job_id, getpid(), me.rank, me.world_size, name, pid_text(their_pid));
 }
 
 std::string duplicate_rank_message(const Identity& me, const std::string& name, int holder,
