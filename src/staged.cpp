@@ -55,22 +55,23 @@
 // A rank's own block never travels: it is copied locally (or left in place).
 //
 // Single copy (alltoall, gather, scatter, allgatherv). When the largest
-// block is kSingleCopyMinBytes to kSingleCopyMaxBytes (64-256 KiB), the job
-// is not oversubscribed and every rank can read every other's memory with
-// process_vm_readv (cma.hpp; probed once per communicator, SHMRING_CMA=0
-// says no), the data rounds give way to one round with no copy into shared
-// memory: each rank publishes in its descriptor (`cma`) whether it can
-// read the others and the address of its data; after the announcement the
-// readers copy their blocks straight from the writers' buffers, then
-// publish `taken` for round 0; a writer returns once its readers have (its
-// buffer must not change before). MPI's vader transport does the same for
-// large messages; it moves each byte once instead of twice. A writer that
-// expects the round leaves its block out of round 0 and says so (the
-// kCmaNoInline flag); when the round does not happen after all (another
-// rank cannot read), the data rounds carry every block, even small ones.
-// Errors: a reader that fails to read ends the job on every rank (ESRCH:
-// the writer died; EFAULT: the writer passed memory its process cannot
-// read).
+// block is kSingleCopyMinBytes to single_copy_max() (64-256 KiB, a
+// scatter's to 512 KiB), the job is not oversubscribed and every rank can
+// read every other's memory with process_vm_readv (cma.hpp; probed once per
+// communicator, SHMRING_CMA=0 says no), the data rounds give way to one
+// round with no copy into shared memory: each rank publishes in its
+// descriptor (`cma`) whether it can read the others and the address of its
+// data; after the announcement the readers copy their blocks straight from
+// the writers' buffers, then publish `taken` for round 0; a writer returns
+// once its readers have (its buffer must not change before). MPI's vader
+// transport does the same for large messages; each byte moves once instead
+// of twice. A writer that expects the round leaves its block out of round 0
+// and says so (the kCmaNoInline flag); when the round does not happen after
+// all (another rank cannot read), the data rounds carry every block, even
+// small ones. Errors: a reader that fails to read ends the job on every
+// rank (ESRCH: the writer died; EFAULT: the writer passed memory its
+// process cannot read).
+//
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
 // they go eager: only the rank that reads waits. Blocks of at most 232 bytes
 // (kEagerBytes) go through the eager rings below and may run up to 32
@@ -505,17 +506,26 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
 }
 
 // The single-copy round pays for blocks of kSingleCopyMinBytes to
-// kSingleCopyMaxBytes (bench/README.md): below, the two copies through the
-// direct buffers cost less than the kernel's page walk; above, the slot
-// rounds' copies run on several threads and overlap, while one
-// process_vm_readv runs on one. Not when ranks share CPUs (a reader that
-// runs where its writer did finds the data in cache through the slots).
-// Every input is the same on every rank (the descriptors, `largest`, the
-// job's oversubscription), so every rank takes the same path.
-constexpr std::size_t kSingleCopyMinBytes = 64 * 1024, kSingleCopyMaxBytes = 256 * 1024;
+// single_copy_max() (bench/README.md, N=2 on the 2-core VM): below, the two
+// copies through the direct buffers cost less than the kernel's page walk;
+// above, the slot rounds pipeline their two copies (round k+1 is written
+// while round k is read), while one process_vm_readv ran at about a quarter
+// of memcpy's speed there (512 KiB: 41 us against 11 in cache). A scatter's
+// 512 KiB block still went in one slot round, its two copies in a row (67
+// us against 40-49 in one copy; Open MPI 51), hence its larger bound. Not
+// when ranks share CPUs (a reader that runs where its writer did finds the
+// data in cache through the slots). Every input is the same on every rank
+// (the descriptors, the kind, `largest`, the job's oversubscription), so
+// every rank takes the same path.
+constexpr std::size_t kSingleCopyMinBytes = 64 * 1024;
+
+std::size_t single_copy_max(CollectiveKind kind) {
+  return kind == CollectiveKind::scatter ? 512 * 1024 : 256 * 1024;
+}
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
-  if (largest < kSingleCopyMinBytes || largest > kSingleCopyMaxBytes || c.config.oversubscribed)
+  if (largest < kSingleCopyMinBytes || largest > single_copy_max(c.current->kind) ||
+      c.config.oversubscribed)
     return false;
   for (int q = 0; q < c.size; ++q)
     if ((desc_of(c, q).cma.load(std::memory_order_relaxed) & detail::kCmaCapable) == 0)

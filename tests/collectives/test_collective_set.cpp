@@ -1023,10 +1023,11 @@ bool sibling_reads_work() {
 
 // Every collective with a single-copy round, N=2, block sizes around its
 // range (64 KiB - 256 KiB of int32): below it (inline), at both ends, in the
-// middle, past it (slot rounds); every root, in place where MPI allows it.
+// middle, past it (slot rounds; a scatter's bound is 512 KiB); every root, in
+// place where MPI allows it.
 void single_copy_sweep(Communicator& c) {
   const int me = c.rank(), n = c.size();
-  for (std::size_t count : {16383u, 16384u, 40000u, 65536u, 65537u, 100000u}) {
+  for (std::size_t count : {16383u, 16384u, 40000u, 65536u, 65537u, 100000u, 131072u, 140000u}) {
     std::vector<std::int32_t> in(count * n), out(count * n, -1);
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
     c.alltoall(in.data(), out.data(), count, DataType::int32);
