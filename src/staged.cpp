@@ -508,11 +508,12 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
 // The single-copy round pays for blocks of kSingleCopyMinBytes to
 // single_copy_max() (bench/README.md, N=2 on the 2-core VM): below, the two
 // copies through the direct buffers cost less than the kernel's page walk;
-// above, the slot rounds pipeline their two copies (round k+1 is written
-// while round k is read), while one process_vm_readv ran at about a quarter
-// of memcpy's speed there (512 KiB: 41 us against 11 in cache). A scatter's
-// 512 KiB block still went in one slot round, its two copies in a row (67
-// us against 40-49 in one copy; Open MPI 51), hence its larger bound. Not
+// above, one process_vm_readv ran at about a quarter of memcpy's speed
+// there (512 KiB: 41 us against 11 in cache) and the slot rounds pipeline
+// their two copies (round k+1 is written while round k is read). At 512
+// KiB (one slot round) alltoall and gather were still faster through the
+// slots but scatter was not (67 us against 40-49 in one copy; Open MPI 51;
+// why scatter's round is that slow is not known), hence its bound. Not
 // when ranks share CPUs (a reader that runs where its writer did finds the
 // data in cache through the slots). Every input is the same on every rank
 // (the descriptors, the kind, `largest`, the job's oversubscription), so
