@@ -757,6 +757,18 @@ std::byte* eager_buffer(Communicator::Impl& c) {
   return c.acquire_direct_buffer();
 }
 
+// An eager block goes into its direct buffer as a slot round's does
+// (Rounds::put): with streaming stores where they pay, unless ranks share
+// CPUs. N=2, back-to-back gathers / scatters of 64 KiB blocks (128 KiB in
+// all), 3 interleaved runs: 7.8-10.0 / 8.7-8.8 us with plain stores,
+// 5.5-5.7 / 4.5-4.6 with streaming ones (Open MPI 7.6 / 7.6).
+void put_eager(Communicator::Impl& c, std::byte* dst, const void* src, std::size_t bytes) {
+  if (c.config.oversubscribed)
+    c.copy(dst, src, bytes);
+  else
+    c.copy_to_slot(dst, src, bytes);
+}
+
 void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
                   int root) {
   const int n = c.size, me = c.rank;
@@ -765,7 +777,7 @@ void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::
   c.step = 0;
   if (me != root) {
     std::byte* buf = eager_buffer(c);
-    if (bytes > 0) c.copy(buf, send, bytes);
+    if (bytes > 0) put_eager(c, buf, send, bytes);
     c.announce();
     // The previous collective's gather, if it was one of ours: confirmed
     // after our block is out, so the two overlap.
@@ -802,7 +814,8 @@ void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::
     std::byte* buf = c.acquire_direct_buffer();
     if (bytes > 0)
       for (int j = 0; j < n; ++j)
-        if (j != root) c.copy(buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
+        if (j != root)
+          put_eager(c, buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
     c.announce();
     c.eager_scatter_unchecked = c.collectives + 1;
     c.eager_scatter_desc = *c.current;
