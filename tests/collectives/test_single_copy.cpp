@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -612,4 +613,33 @@ TEST_CASE("single copy: a writer killed at a random point of a stream: clear err
     CHECK(s < 30);
     CHECK_FALSE(leftover_segments(job));
   }
+}
+
+TEST_CASE("single copy: a reader's own receive buffer it cannot write is named as such") {
+  // The root of a gather passes a read-only receive buffer. process_vm_readv
+  // fails with EFAULT for a bad local buffer as for a bad remote one; the
+  // error must not blame the writer's buffer.
+  check_all(test::run_ranks(2, [](Communicator& c) {
+    if (c.config().oversubscribed) return;  // no single-copy round here
+    const std::size_t bytes = 128 * 1024;
+    void* page = mmap(nullptr, 2 * bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    SHMRING_CHILD_CHECK(page != MAP_FAILED, "mmap");
+    Buf s(bytes, 0);
+    fill(s, c.rank(), bytes, 1);
+    try {
+      // In place at the root: its own block is not copied, so the first
+      // write into `page` is the read of rank 1's block.
+      c.gather(c.rank() == 0 ? page : s.data(), c.rank() == 0 ? page : nullptr, bytes,
+               DataType::uint8, 0);
+      SHMRING_CHILD_CHECK(false, "rank %d: gather into a read-only buffer returned", c.rank());
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      SHMRING_CHILD_CHECK(what.find("rank 1's buffer is not valid memory") == std::string::npos,
+                          "rank %d blames the writer: %s", c.rank(), e.what());
+      SHMRING_CHILD_CHECK(what.find("rank 0") != std::string::npos &&
+                              what.find("receive buffer") != std::string::npos,
+                          "rank %d: %s", c.rank(), e.what());
+    }
+    munmap(page, 2 * bytes);
+  }));
 }
