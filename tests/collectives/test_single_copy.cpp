@@ -520,53 +520,74 @@ TEST_CASE("single copy: split communicators, and ranks that are parent and child
   }));
 }
 
+namespace {
+
+// Eager gathers and scatters may leave a rank one call (or 32) ahead; the
+// single-copy round and the slot rounds then share the direct buffers with
+// them. The same seeded choices on every rank, no barriers in between.
+void random_stream(Communicator& c) {
+  const int me = c.rank(), n = c.size();
+  std::uint64_t rng = 12345;
+  auto next = [&] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 33;
+  };
+  const std::size_t sizes[] = {100, 232, 4000, 60000, 65536, 65537, 200000, 262144, 300000};
+  for (int it = 0; it < 300; ++it) {
+    const std::size_t bytes = sizes[next() % 9];
+    const int root = static_cast<int>(next() % n);
+    const std::uint64_t salt = 20000 + it;
+    const int kind = static_cast<int>(next() % 5);
+    Buf s(bytes * n, it % 3), r(bytes * n, 0);
+    fill(s, me, bytes * n, salt);
+    if (kind == 0) {
+      c.gather(s.data(), r.data(), bytes, DataType::uint8, root);
+      if (me == root)
+        for (int j = 0; j < n; ++j)
+          expect(r.data() + j * bytes, j, 0, bytes, salt, "gather", it, bytes);
+    } else if (kind == 1) {
+      c.scatter(s.data(), r.data(), bytes, DataType::uint8, root);
+      expect(r.data(), root, me * bytes, bytes, salt, "scatter", it, bytes);
+    } else if (kind == 2) {
+      c.alltoall(s.data(), r.data(), bytes, DataType::uint8);
+      for (int j = 0; j < n; ++j)
+        expect(r.data() + j * bytes, j, me * bytes, bytes, salt, "alltoall", it, bytes);
+    } else if (kind == 3) {
+      std::vector<std::size_t> rc(n), d(n);
+      for (int j = 0; j < n; ++j) rc[j] = j == root ? bytes : sizes[(it + j) % 9];
+      d[0] = 0;
+      for (int j = 1; j < n; ++j) d[j] = d[j - 1] + rc[j - 1];
+      Buf all(d[n - 1] + rc[n - 1], 1), mine(rc[me], 2);
+      fill(mine, me, rc[me], salt);
+      c.allgatherv(mine.data(), rc[me], all.data(), rc, d, DataType::uint8);
+      for (int j = 0; j < n; ++j)
+        expect(all.data() + d[j], j, 0, rc[j], salt, "allgatherv", it, bytes);
+    } else {
+      interleave(c, salt, it);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("single copy: a random stream of small, single-copy and large collectives") {
-  // Eager gathers and scatters may leave a rank one call (or 32) ahead; the
-  // single-copy round and the slot rounds then share the direct buffers with
-  // them. The same seeded choices on every rank, no barriers in between.
   check_all(test::run_ranks(
-      2,
+      2, [](Communicator& c) { random_stream(c); }, 300));
+  // One rank with SHMRING_CMA=0 (the writers that could leave their block
+  // out of round 0 must not), and N=3 with the round forced on (white-box).
+  for (int off = 0; off < 2; ++off) {
+    const std::string job = test::unique_job_id("cmarand");
+    check_all(test::run_processes(2, [&](int r) {
+      if (r == off) setenv("SHMRING_CMA", "0", 1);
+      Communicator c = make(job, r, 2);
+      random_stream(c);
+    }));
+  }
+  check_all(test::run_ranks(
+      3,
       [](Communicator& c) {
-        const int me = c.rank(), n = c.size();
-        std::uint64_t rng = 12345;
-        auto next = [&] {
-          rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-          return rng >> 33;
-        };
-        const std::size_t sizes[] = {100, 232, 4000, 60000, 65536, 65537, 200000, 262144, 300000};
-        for (int it = 0; it < 300; ++it) {
-          const std::size_t bytes = sizes[next() % 9];
-          const int root = static_cast<int>(next() % n);
-          const std::uint64_t salt = 20000 + it;
-          const int kind = static_cast<int>(next() % 5);
-          Buf s(bytes * n, it % 3), r(bytes * n, 0);
-          fill(s, me, bytes * n, salt);
-          if (kind == 0) {
-            c.gather(s.data(), r.data(), bytes, DataType::uint8, root);
-            if (me == root)
-              for (int j = 0; j < n; ++j)
-                expect(r.data() + j * bytes, j, 0, bytes, salt, "gather", it, bytes);
-          } else if (kind == 1) {
-            c.scatter(s.data(), r.data(), bytes, DataType::uint8, root);
-            expect(r.data(), root, me * bytes, bytes, salt, "scatter", it, bytes);
-          } else if (kind == 2) {
-            c.alltoall(s.data(), r.data(), bytes, DataType::uint8);
-            for (int j = 0; j < n; ++j)
-              expect(r.data() + j * bytes, j, me * bytes, bytes, salt, "alltoall", it, bytes);
-          } else if (kind == 3) {
-            std::vector<std::size_t> rc(n), d(n);
-            for (int j = 0; j < n; ++j) rc[j] = j == root ? bytes : sizes[(it + j) % 9];
-            d[0] = 0;
-            for (int j = 1; j < n; ++j) d[j] = d[j - 1] + rc[j - 1];
-            Buf all(d[n - 1] + rc[n - 1], 1), mine(rc[me], 2);
-            fill(mine, me, rc[me], salt);
-            c.allgatherv(mine.data(), rc[me], all.data(), rc, d, DataType::uint8);
-            for (int j = 0; j < n; ++j)
-              expect(all.data() + d[j], j, 0, rc[j], salt, "allgatherv", it, bytes);
-          } else {
-            interleave(c, salt, it);
-          }
-        }
+        const_cast<Config&>(c.config()).oversubscribed = false;
+        random_stream(c);
       },
       300));
 }
@@ -690,4 +711,28 @@ TEST_CASE("single copy: a rank that becomes non-dumpable after the probe: clear 
   CHECK(st[0] == 42);
   CHECK(st[1] == 42);
   CHECK_FALSE(leftover_segments(job));
+}
+
+TEST_CASE("single copy: N=3 and N=4 with the round forced on (white-box)") {
+  // On this 2-CPU machine only N=2 runs the round. Clearing the
+  // oversubscription flag on every rank right after the communicator is
+  // made (the same on every rank, so every rank still takes the same path)
+  // runs it at N > 2: more readers per writer, gather and scatter roots in
+  // the middle, alltoall offsets other than 0 and 1.
+  for (int n : {3, 4}) {
+    INFO("N=", n);
+    check_all(test::run_ranks(
+        n,
+        [](Communicator& c) {
+          const_cast<Config&>(c.config()).oversubscribed = false;
+          std::uint64_t salt = 900;
+          for (const Case& k : {Case{DataType::int8, 65537, 1}, Case{DataType::float16, 65537, 2},
+                                Case{DataType::int32, 65536, 4}})
+            for (bool nb : {false, true}) {
+              one_case(c, k, nb, ++salt);
+              interleave(c, salt, static_cast<int>(salt));
+            }
+        },
+        600));
+  }
 }
