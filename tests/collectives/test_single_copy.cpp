@@ -742,3 +742,41 @@ TEST_CASE("single copy: N=3 and N=4 with the round forced on (white-box)") {
         600));
   }
 }
+
+TEST_CASE("single copy: mismatched calls around the round's range fail every rank") {
+  // One rank in the range (leaves its block out of round 0), the other
+  // below it (inline), past it (slot rounds) or another collective: every
+  // rank must get MismatchError, not a hang, a wrong read or a crash.
+  struct Pair {
+    int kind0, kind1;  // 0 alltoall, 1 gather to 0, 2 scatter from 0, 3 allgatherv
+    std::size_t bytes0, bytes1;
+  };
+  const Pair pairs[] = {{0, 0, 4000, 120000},   {0, 0, 120000, 300000}, {0, 0, 65535, 65536},
+                        {1, 1, 120000, 100},    {2, 2, 200000, 262145}, {0, 1, 100000, 100000},
+                        {3, 3, 100000, 100001}, {1, 2, 100000, 100000}};
+  for (const Pair& p : pairs) {
+    INFO("kinds ", p.kind0, "/", p.kind1, " bytes ", p.bytes0, "/", p.bytes1);
+    check_all(test::run_ranks(
+        2,
+        [&](Communicator& c) {
+          const int me = c.rank();
+          const int kind = me == 0 ? p.kind0 : p.kind1;
+          const std::size_t bytes = me == 0 ? p.bytes0 : p.bytes1;
+          Buf s(2 * bytes, 0), r(2 * 300000, 0);
+          fill(s, me, 2 * bytes, 1);
+          try {
+            if (kind == 0) c.alltoall(s.data(), r.data(), bytes, DataType::uint8);
+            if (kind == 1) c.gather(s.data(), r.data(), bytes, DataType::uint8, 0);
+            if (kind == 2) c.scatter(s.data(), r.data(), bytes, DataType::uint8, 0);
+            if (kind == 3) {
+              std::vector<std::size_t> rc = {bytes, bytes}, d = {0, bytes};
+              c.allgatherv(s.data(), bytes, r.data(), rc, d, DataType::uint8);
+            }
+            c.barrier();  // an eager gather / scatter learns at the next call
+            SHMRING_CHILD_CHECK(false, "rank %d: no error", me);
+          } catch (const MismatchError&) {
+          }
+        },
+        120));
+  }
+}
