@@ -7,6 +7,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -32,6 +33,12 @@ int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes) {
     done += static_cast<std::uint64_t>(n);
   }
   return 0;
+}
+
+bool cma_local_writable(std::byte* dst, std::uint64_t bytes) {
+  // A process may always read itself; the local side needs write access.
+  return cma_read(static_cast<int>(getpid()), dst, reinterpret_cast<std::uint64_t>(dst), bytes) !=
+         EFAULT;
 }
 
 // On the 2-core VM, 2 threads gave 9.2 GB/s at 16 and 64 MiB against 4.5-4.7

@@ -25,6 +25,11 @@ int cma_read(int pid, std::byte* dst, std::uint64_t addr, std::uint64_t bytes);
 int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint64_t addr,
                       std::uint64_t bytes);
 
+/// Whether `bytes` at `dst` are memory this process can write: tells, after
+/// an EFAULT from cma_read, our own bad buffer from the peer's (the kernel
+/// answers EFAULT for both). Reads the range into itself; for error paths.
+bool cma_local_writable(std::byte* dst, std::uint64_t bytes);
+
 /// Bytes from which cma_read_parallel splits a read.
 inline constexpr std::uint64_t kCmaParallelMinBytes = 8u << 20;
 

@@ -494,6 +494,15 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
   if (err == ESRCH)
     c.fail(PeerFailureError(fmt::format("rank {}: rank {} (pid {}) died during collective #{} {}",
                                         c.rank, w, pid, c.collectives, c.describe(*c.current))));
+  // EFAULT also when our own receive buffer is the bad one: name the right
+  // buffer (the staged rounds would have crashed on it here).
+  if (err == EFAULT && !detail::cma_local_writable(dst, bytes))
+    c.fail(SystemError(
+        fmt::format("rank {}: collective #{} {}: rank {}'s receive buffer (address {:#x}, {} "
+                    "bytes) is not writable memory of its process",
+                    c.rank, c.collectives, c.describe(*c.current), c.rank,
+                    reinterpret_cast<std::uintptr_t>(dst), bytes),
+        err));
   c.fail(SystemError(
       fmt::format("rank {}: collective #{} {}: reading {} bytes of rank {}'s buffer (pid {}, "
                   "address {:#x}) with process_vm_readv failed: {}{}",
