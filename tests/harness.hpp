@@ -5,6 +5,7 @@
 // and exits non-zero; the parent's doctest CHECKs see the statuses.
 
 #include <signal.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,6 +116,37 @@ inline std::vector<int> run_ranks(int n, const std::function<void(Communicator&)
         fn(comm);
       },
       timeout_s);
+}
+
+/// Whether one process may read a sibling's memory here (no Yama
+/// ptrace_scope=1, no seccomp filter refusing process_vm_readv): what the
+/// staged collectives' single-copy round needs. Tests that only hold on
+/// that round skip without it.
+inline bool sibling_reads_work() {
+  static std::uint64_t word = 0x5eed;
+  pid_t target = fork();
+  if (target == 0) {
+    pause();
+    _exit(0);
+  }
+  pid_t reader = fork();
+  if (reader == 0) {
+    std::uint64_t seen = 0;
+    struct iovec local {
+      &seen, sizeof seen
+    };
+    struct iovec remote {
+      &word, sizeof word
+    };
+    const bool ok =
+        process_vm_readv(target, &local, 1, &remote, 1, 0) == sizeof seen && seen == word;
+    _exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  waitpid(reader, &st, 0);
+  kill(target, SIGKILL);
+  waitpid(target, nullptr, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 inline bool all_zero(const std::vector<int>& v) {

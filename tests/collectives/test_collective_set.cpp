@@ -993,34 +993,6 @@ TEST_CASE(
 
 namespace {
 
-// Whether one process may read a sibling's memory here (no Yama
-// ptrace_scope=1, no seccomp filter refusing process_vm_readv).
-bool sibling_reads_work() {
-  static std::uint64_t word = 0x5eed;
-  pid_t target = fork();
-  if (target == 0) {
-    pause();
-    _exit(0);
-  }
-  pid_t reader = fork();
-  if (reader == 0) {
-    std::uint64_t seen = 0;
-    struct iovec local {
-      &seen, sizeof seen
-    };
-    struct iovec remote {
-      &word, sizeof word
-    };
-    _exit(process_vm_readv(target, &local, 1, &remote, 1, 0) == sizeof seen && seen == word ? 0
-                                                                                            : 1);
-  }
-  int st = 0;
-  waitpid(reader, &st, 0);
-  kill(target, SIGKILL);
-  waitpid(target, nullptr, 0);
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
 // Every collective with a single-copy round, N=2, block sizes around its
 // range (64 KiB - 256 KiB of int32): below it (inline), at both ends, in the
 // middle, past it (slot rounds; a scatter's bound is 512 KiB); every root, in
@@ -1107,7 +1079,7 @@ TEST_CASE("single-copy round: a writer's buffer its process cannot read fails ev
   // White-box: a gather's non-root in the single-copy round never touches
   // its send buffer, so the root's process_vm_readv is the first to find it
   // unreadable (EFAULT), and the job ends with the reason on both ranks.
-  if (!sibling_reads_work()) {
+  if (!test::sibling_reads_work()) {
     MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
     return;
   }
