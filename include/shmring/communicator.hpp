@@ -22,15 +22,20 @@ namespace shmring {
 /// taken from the environment (see README, "Environment variables"), then
 /// from the built-in default.
 struct Options {
-  int rank = -1;        ///< This process's rank in [0, world_size).
-  int world_size = -1;  ///< Number of ranks, >= 1.
+  /// This process's rank in [0, world_size). -1 (with world_size -1): from
+  /// the launcher's variables; give both or neither.
+  int rank = -1;
+  int world_size = -1;  ///< Number of ranks, 1..4096.
   std::string job_id;   ///< Shared by all ranks of one job; [A-Za-z0-9._-], <= 64 chars.
   int local_rank = -1;  ///< Rank among the processes on this host (defaults to rank).
   int local_world_size = -1;
   std::size_t slots = 0;       ///< Ring slots per rank (K), >= 2. SHMRING_SLOTS.
   std::size_t slot_bytes = 0;  ///< Bytes per slot, a multiple of 4096. SHMRING_SLOT_BYTES.
-  int threads = 0;             ///< Reduction threads per rank. SHMRING_THREADS.
-  double timeout_s = 0;        ///< Deadline of every wait, seconds. SHMRING_TIMEOUT.
+  /// Reduction threads per rank, 1..1024; 0: SHMRING_THREADS, else automatic.
+  int threads = 0;
+  /// Deadline of every wait, seconds, 0.001..1e9; 0: SHMRING_TIMEOUT, else
+  /// 300. Anything else (negative, NaN) is an InvalidArgumentError.
+  double timeout_s = 0;
 };
 
 /// When slot copies use non-temporal (streaming) stores. `automatic` uses
