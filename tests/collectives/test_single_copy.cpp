@@ -47,22 +47,6 @@ std::uint8_t pat(int rank, std::size_t i, std::uint64_t salt) {
   return static_cast<std::uint8_t>(x);
 }
 
-std::size_t esize(DataType t) {
-  switch (t) {
-    case DataType::int8:
-    case DataType::uint8:
-      return 1;
-    case DataType::float16:
-    case DataType::bfloat16:
-      return 2;
-    case DataType::float32:
-    case DataType::int32:
-      return 4;
-    default:
-      return 8;
-  }
-}
-
 // A byte buffer whose data starts `skew` bytes past an aligned allocation.
 struct Buf {
   std::vector<std::uint8_t> store;
@@ -179,7 +163,7 @@ void interleave(Communicator& c, std::uint64_t salt, int which) {
 // values new, so a block left over from an earlier call cannot pass.
 void one_case(Communicator& c, const Case& k, bool nonblocking, std::uint64_t salt) {
   const int me = c.rank(), n = c.size();
-  const std::size_t es = esize(k.dtype), bytes = k.count * es;
+  const std::size_t es = datatype_size(k.dtype), bytes = k.count * es;
   auto run = [&](auto blocking, auto immediate) {
     if (nonblocking) {
       Request q = immediate();
