@@ -181,11 +181,28 @@ bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
   return won;
 }
 
+// How long a reader waits for a claimed abort record to be completed.
+constexpr std::chrono::milliseconds kAbortRecordWait{2000};
+
 std::optional<AbortInfo> read_abort(const Header& h) {
   std::uint32_t code = h.abort_code.load(std::memory_order_acquire);
   if (code == kAbortNone) return std::nullopt;
-  while (code == kAbortClaimed) {  // the winner is writing its reason
-    cpu_relax();
+  // The winner is writing its reason: a few hundred bytes, so the wait is
+  // short unless the winner was descheduled, or killed between its claim and
+  // its code (then no one would ever finish the record). Bounded, so that a
+  // dead writer cannot hang every rank that reads the record.
+  const auto give_up = std::chrono::steady_clock::now() + kAbortRecordWait;
+  for (int i = 0; code == kAbortClaimed; ++i) {
+    if (i < 1024) {
+      cpu_relax();
+    } else {
+      if (std::chrono::steady_clock::now() >= give_up)
+        return AbortInfo{static_cast<std::uint32_t>(ErrorCode::peer_failure), -1,
+                         fmt::format("a rank began to record the job's error but did not finish "
+                                     "within {} s (it may have died while recording it)",
+                                     std::chrono::duration<double>(kAbortRecordWait).count())};
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     code = h.abort_code.load(std::memory_order_acquire);
   }
   AbortInfo a;

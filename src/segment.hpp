@@ -125,7 +125,10 @@ namespace shmring::detail {
 /// every sleeper. Returns true if this call's reason is the one recorded.
 bool raise_abort(Segment& seg, int world_size, std::uint32_t code, int rank,
                  const std::string& reason);
-/// The recorded abort, if any: (code, rank, reason).
+/// The recorded abort, if any: (code, rank, reason). A record being written
+/// is waited for, at most 2 s: one whose writer never finishes it (killed
+/// between its claim and its code) reads as peer_failure from rank -1, with
+/// a reason that says so, rather than hanging every reader.
 struct AbortInfo {
   std::uint32_t code;
   int rank;

@@ -15,6 +15,7 @@
 #include "config.hpp"
 #include "faults.hpp"
 #include "header_check.hpp"
+#include "segment.hpp"
 
 using namespace shmring;
 using namespace shmring::detail;
@@ -189,4 +190,31 @@ TEST_CASE("a live segment with a bad header is refused by the attaching rank") {
     close(fd);
     shm_unlink(name.c_str());
   }
+}
+
+TEST_CASE("an abort record left half-written reads as a peer failure, not a hang") {
+  // A rank claims the record, then writes its rank, reason and code: killed
+  // between the claim and the code, it leaves the word claimed for good.
+  // Every reader used to spin on it forever (the whole job hung); it must
+  // give up after a bounded wait and still fail the job, with a reason that
+  // says what happened. Without the bound this test never returns (meson's
+  // timeout fails it).
+  Image im = valid();
+  im.h().abort_code.store(kAbortClaimed);
+  auto a = read_abort(im.h());
+  REQUIRE(a.has_value());
+  CHECK(a->code == static_cast<std::uint32_t>(ErrorCode::peer_failure));
+  CHECK(a->rank == -1);
+  CHECK(has(a->reason, "did not finish"));
+
+  // A finished record reads back as written.
+  const std::string reason = "rank 1: something failed";
+  std::memcpy(im.h().abort_reason, reason.c_str(), reason.size() + 1);
+  im.h().abort_rank.store(1);
+  im.h().abort_code.store(static_cast<std::uint32_t>(ErrorCode::timeout));
+  a = read_abort(im.h());
+  REQUIRE(a.has_value());
+  CHECK(a->code == static_cast<std::uint32_t>(ErrorCode::timeout));
+  CHECK(a->rank == 1);
+  CHECK(a->reason == reason);
 }
