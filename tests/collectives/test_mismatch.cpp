@@ -44,7 +44,10 @@ void expect_mismatch(int n, const std::function<void(Communicator&)>& call, cons
     SHMRING_CHILD_CHECK(!what.empty(), "rank %d: no error", r);
     SHMRING_CHILD_CHECK(what.find(needle) != std::string::npos, "rank %d: message '%s' lacks '%s'",
                         r, what.c_str(), needle);
-    SHMRING_CHILD_CHECK(s < 1.0, "rank %d: took %.3f s", r, s);
+    // Usually milliseconds; the bound only has to tell the check apart from
+    // the 30 s timeout, with room for the loaded CI VM's rare stalls of a
+    // second (tests/faults/faults.hpp, kDetectionBoundS).
+    SHMRING_CHILD_CHECK(s < 5.0, "rank %d: took %.3f s", r, s);
     bool refused = false;
     try {
       comm.barrier();

@@ -49,7 +49,9 @@ def test_dataloader_workers_do_not_keep_a_killed_rank_alive(tmp_path):
         _, kind, when, message = error[0].split(" ", 3)
         assert kind == "PeerFailureError", error[0]
         assert "rank 1 (pid" in message and "died" in message, error[0]
-        assert float(when) - killed_at < 1.0, f"{float(when) - killed_at:.2f} s: {error[0]}"
+        # Usually milliseconds; 5 s tells it from the timeout with room for the
+        # loaded CI VM's rare stalls (tests/faults/faults.hpp, kDetectionBoundS).
+        assert float(when) - killed_at < 5.0, f"{float(when) - killed_at:.2f} s: {error[0]}"
         # The workers of rank 1 outlived it (the point of the test).
     finally:
         for p in procs:
