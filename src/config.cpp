@@ -24,15 +24,16 @@ std::optional<std::string> env_string(const char* name) {
   return std::string(v);
 }
 
-std::optional<long long> env_int(const char* name, long long lo, long long hi) {
+std::optional<long long> env_int(const char* name, long long lo, long long hi,
+                                 const std::string& why) {
   auto s = env_string(name);
   if (!s) return std::nullopt;
   errno = 0;
   char* end = nullptr;
   long long v = std::strtoll(s->c_str(), &end, 10);
   if (errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi)
-    throw InvalidArgumentError(
-        fmt::format("{}='{}': expected an integer in [{}, {}]", name, *s, lo, hi));
+    throw InvalidArgumentError(fmt::format("{}='{}': expected an integer in [{}, {}]{}", name, *s,
+                                           lo, hi, why.empty() ? "" : " (" + why + ")"));
   return v;
 }
 
@@ -283,9 +284,17 @@ Config resolve_config_impl(const Options& o, Config& c) {
       const RankEnv& l = *use.env;
       c.rank = static_cast<int>(use.rank);
       c.world_size = static_cast<int>(use.size);
-      c.local_rank = static_cast<int>(env_int(l.local_rank, 0, use.size - 1).value_or(use.rank));
-      c.local_world_size = static_cast<int>(
-          (l.local_size ? env_int(l.local_size, 1, use.size) : std::nullopt).value_or(use.size));
+      // The local size first: it bounds the local rank.
+      const auto local_size =
+          l.local_size ? env_int(l.local_size, 1, use.size,
+                                 fmt::format("at most {}={}, the ranks in all", l.size, use.size))
+                       : std::nullopt;
+      c.local_world_size = static_cast<int>(local_size.value_or(use.size));
+      c.local_rank = static_cast<int>(
+          env_int(l.local_rank, 0, c.local_world_size - 1,
+                  local_size ? fmt::format("below {}={}", l.local_size, *local_size)
+                             : fmt::format("below {}={}", l.size, use.size))
+              .value_or(use.rank));
       launcher = l.launcher;
     }
     if (found.empty())

@@ -19,8 +19,10 @@ inline constexpr std::size_t kDefaultDirectBytes = 64 * 1024;
 /// Environment variable `name`, or nullopt when unset or empty.
 std::optional<std::string> env_string(const char* name);
 /// Integer in [lo, hi] from `name`; throws InvalidArgumentError naming the
-/// variable, the value and the range.
-std::optional<long long> env_int(const char* name, long long lo, long long hi);
+/// variable, the value and the range, then `why` (where the range comes
+/// from, e.g. "below LOCAL_WORLD_SIZE=2") when given.
+std::optional<long long> env_int(const char* name, long long lo, long long hi,
+                                 const std::string& why = {});
 std::optional<double> env_double(const char* name, double lo, double hi);
 
 /// Resolves options + environment + defaults into a Config (segment_name,

@@ -198,6 +198,20 @@ TEST_CASE("configuration from the environment: shmrun, torchrun, and bad values"
       unsetenv(var);
       return ok;
     };
+    // A local rank is bounded by the local size, and the message says so.
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_LOCAL_RANK", "5",
+                                     "SHMRING_LOCAL_RANK='5': expected an integer in [0, 4] (below "
+                                     "SHMRING_WORLD_SIZE=5)"),
+                        "local rank past the world");
+    setenv("SHMRING_LOCAL_WORLD_SIZE", "2", 1);
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_LOCAL_RANK", "2",
+                                     "SHMRING_LOCAL_RANK='2': expected an integer in [0, 1] (below "
+                                     "SHMRING_LOCAL_WORLD_SIZE=2)"),
+                        "local rank past the local size");
+    SHMRING_CHILD_CHECK(expect_error("SHMRING_LOCAL_WORLD_SIZE", "6",
+                                     "SHMRING_LOCAL_WORLD_SIZE='6': expected an integer in [1, 5] "
+                                     "(at most SHMRING_WORLD_SIZE=5, the ranks in all)"),
+                        "local size past the world");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOTS", "1", "SHMRING_SLOTS='1'"), "slots");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "12345", "multiple of 4096"), "bytes");
     SHMRING_CHILD_CHECK(expect_error("SHMRING_SLOT_BYTES", "1000",
