@@ -30,7 +30,8 @@ inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
     9;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
         // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
-        // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr)
+        // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
+        // p2p bad-buffer verdicts
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -265,6 +266,11 @@ struct P2pVerdict {
 };
 inline constexpr std::uint64_t kP2pVerdictOk = 1;
 inline constexpr std::uint64_t kP2pVerdictMismatch = 2;
+/// r's single-copy read of the message failed with EFAULT: recv_count then
+/// says whose buffer is bad (r's checks its own).
+inline constexpr std::uint64_t kP2pVerdictBadBuffer = 3;
+inline constexpr std::uint64_t kP2pBadSendBuffer = 0;
+inline constexpr std::uint64_t kP2pBadRecvBuffer = 1;
 
 /// Directed pair s -> r.
 struct P2pChannel {

@@ -489,6 +489,24 @@ bool P2p::progress_send(int peer, PeerState& ps) {
           finish(op, err);
         else
           ps.deferred = err;  // an inline send returned already: its next send to peer throws
+      } else if ((word & 3) == kP2pVerdictBadBuffer) {
+        // Only single-copy sends get this verdict, and they wait for it.
+        const bool ours = v.recv_count.load(std::memory_order_relaxed) == kP2pBadSendBuffer;
+        const std::string mine = op ? describe(*op) : fmt::format("a send to rank {}", peer);
+        auto err =
+            ours ? std::make_exception_ptr(InvalidArgumentError(fmt::format(
+                       "rank {}: {} (message #{}): its send buffer is not readable memory of this "
+                       "process (rank {} could not read it)",
+                       c_.rank, mine, m, peer)))
+                 : std::make_exception_ptr(SystemError(
+                       fmt::format("rank {}: {} (message #{}) was not delivered: rank {}'s "
+                                   "receive buffer for it is not writable memory of its process",
+                                   c_.rank, mine, m, peer),
+                       EFAULT));
+        if (op)
+          finish(op, err);
+        else
+          ps.deferred = err;
       } else if (op) {
         finish(op, nullptr);
       }
@@ -589,12 +607,12 @@ tbb::task_arena* P2p::cma_arena(std::uint64_t bytes) {
 }
 
 void P2p::queue_verdict(int peer, const OpPtr& op, std::uint64_t code, bool complete_now,
-                        std::exception_ptr error) {
+                        std::exception_ptr error, std::optional<std::uint64_t> aux) {
   PeerState& ps = peers_[static_cast<std::size_t>(peer)];
   const std::uint64_t word =
       ((op->hdr.msg + 1) << 8) | (static_cast<std::uint64_t>(op->dtype) << 2) | code;
   if (complete_now) finish(op, error);
-  ps.verdicts.push_back({word, op->count, complete_now ? nullptr : op, error});
+  ps.verdicts.push_back({word, aux.value_or(op->count), complete_now ? nullptr : op, error});
   flush_verdicts(peer, ps);
 }
 
@@ -655,8 +673,28 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
                  "rank {}: rank {} (pid {}) died during {}", c_.rank, peer, pid, describe(*op)))));
       return;
     }
+    if (err == EFAULT) {
+      // A bad buffer, ours or the sender's (the kernel says EFAULT for
+      // both): the staged path would crash on it, in this process or in
+      // the sender's. Both operations fail instead, naming the buffer.
+      const bool ours = !cma_local_writable(op->buf, op->bytes);
+      auto error =
+          ours ? std::make_exception_ptr(InvalidArgumentError(fmt::format(
+                     "rank {}: {} (message #{}): its receive buffer (address {:#x}, {} bytes) is "
+                     "not writable memory of this process",
+                     c_.rank, describe(*op), h.msg, reinterpret_cast<std::uintptr_t>(op->buf),
+                     op->bytes)))
+               : std::make_exception_ptr(SystemError(
+                     fmt::format("rank {}: {} (message #{}): rank {}'s send buffer (pid {}, "
+                                 "address {:#x}, {} bytes) is not valid memory of its process",
+                                 c_.rank, describe(*op), h.msg, peer, pid, h.addr, op->bytes),
+                     EFAULT));
+      queue_verdict(peer, op, kP2pVerdictBadBuffer, false, error,
+                    ours ? kP2pBadRecvBuffer : kP2pBadSendBuffer);
+      return;
+    }
     // EPERM (Yama, seccomp, another user), ENOSYS, or anything else: the
-    // staged path always works.
+    // staged path works.
     // Per peer: Yama's PR_SET_PTRACER may allow one reader and not another.
     ps.cma_refused = true;
     SHMRING_LOG(info,

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,9 +84,10 @@ class P2p {
   void deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_payload = nullptr);
   /// Publishes the verdict on `op`'s message (queued while the sender has
   /// not read kP2pVerdicts earlier ones). `op` completes with `error` now
-  /// (complete_now) or once the verdict is published.
+  /// (complete_now) or once the verdict is published. The verdict's
+  /// recv_count is op's count, or `aux` when given (kP2pVerdictBadBuffer).
   void queue_verdict(int peer, const OpPtr& op, std::uint64_t code, bool complete_now,
-                     std::exception_ptr error);
+                     std::exception_ptr error, std::optional<std::uint64_t> aux = std::nullopt);
   bool flush_verdicts(int peer, PeerState& ps);
   /// Abort, liveness and deadline checks of the pending operations (slow path).
   void check_pending(std::unique_lock<std::mutex>& lock);

@@ -12,6 +12,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -578,6 +579,72 @@ TEST_CASE("a dead peer is PeerFailureError for a blocking recv, a pending isend 
   CHECK(st[0] == 0);
   CHECK(st[1] == 0);
   CHECK(st[2] == 128 + SIGKILL);
+}
+
+TEST_CASE("a single-copy message with a bad buffer fails both ranks, naming the buffer") {
+  // The receiver's process_vm_readv answers EFAULT for its own bad buffer
+  // and for the sender's alike. It used to take either for "single copy
+  // refused" and stage the message, crashing (SIGSEGV) in whichever process
+  // owned the bad buffer. Now each side gets an error that names it.
+  if (!test::sibling_reads_work()) {
+    MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
+    return;
+  }
+  const std::size_t count = 1 << 17;  // 1 MiB of int64: single copy
+  const std::size_t bytes = count * sizeof(std::int64_t);
+  for (const bool bad_recv : {true, false}) {
+    auto st = test::run_ranks(2, [&](Communicator& comm) {
+      const int r = comm.rank();
+      // The bad buffer: read-only for the receiver, unreadable for the sender.
+      void* bad = mmap(nullptr, bytes, bad_recv ? PROT_READ : PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      SHMRING_CHILD_CHECK(bad != MAP_FAILED, "mmap");
+      std::vector<std::int64_t> good(count, 7);
+      std::string what;
+      if (r == 0) {
+        void* buf = bad_recv ? good.data() : bad;
+        if (bad_recv) {
+          SHMRING_CHILD_CHECK(
+              throws_as<SystemError>([&] { comm.send(buf, count, DataType::int64, 1, 3); }, &what),
+              "send to a bad receive buffer: no SystemError");
+          SHMRING_CHILD_CHECK(what.find("not delivered") != std::string::npos &&
+                                  what.find("rank 1's receive buffer") != std::string::npos,
+                              "sender: %s", what.c_str());
+        } else {
+          SHMRING_CHILD_CHECK(throws_as<InvalidArgumentError>(
+                                  [&] { comm.send(buf, count, DataType::int64, 1, 3); }, &what),
+                              "send of an unreadable buffer: no InvalidArgumentError");
+          SHMRING_CHILD_CHECK(what.find("its send buffer is not readable") != std::string::npos,
+                              "sender: %s", what.c_str());
+        }
+      } else {
+        void* buf = bad_recv ? bad : good.data();
+        if (bad_recv) {
+          SHMRING_CHILD_CHECK(throws_as<InvalidArgumentError>(
+                                  [&] { comm.recv(buf, count, DataType::int64, 0, 3); }, &what),
+                              "recv into a read-only buffer: no InvalidArgumentError");
+          SHMRING_CHILD_CHECK(what.find("its receive buffer") != std::string::npos, "receiver: %s",
+                              what.c_str());
+        } else {
+          SHMRING_CHILD_CHECK(
+              throws_as<SystemError>([&] { comm.recv(buf, count, DataType::int64, 0, 3); }, &what),
+              "recv from an unreadable send buffer: no SystemError");
+          SHMRING_CHILD_CHECK(what.find("rank 0's send buffer") != std::string::npos,
+                              "receiver: %s", what.c_str());
+        }
+      }
+      std::printf("rank %d (%s buffer bad): %s\n", r, bad_recv ? "receive" : "send", what.c_str());
+      // The pair still works, single copy included.
+      std::vector<std::int64_t> again(count, r == 0 ? 11 : 0);
+      if (r == 0)
+        comm.send(again.data(), count, DataType::int64, 1, 4);
+      else
+        comm.recv(again.data(), count, DataType::int64, 0, 4);
+      for (auto v : again) SHMRING_CHILD_CHECK(v == 11, "after the error: %lld", (long long)v);
+      munmap(bad, bytes);
+    });
+    CHECK(test::all_zero(st));
+  }
 }
 
 TEST_CASE("a recv with no sender times out within SHMRING_TIMEOUT") {
