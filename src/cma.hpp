@@ -27,7 +27,8 @@ int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint
 
 /// Whether `bytes` at `dst` are memory this process can write: tells, after
 /// an EFAULT from cma_read, our own bad buffer from the peer's (the kernel
-/// answers EFAULT for both). Reads the range into itself; for error paths.
+/// answers EFAULT for both). Overwrites the range (with zeros, 64 KiB at a
+/// time); for error paths.
 bool cma_local_writable(std::byte* dst, std::uint64_t bytes);
 
 /// Bytes from which cma_read_parallel splits a read.

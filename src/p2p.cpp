@@ -490,7 +490,6 @@ bool P2p::progress_send(int peer, PeerState& ps) {
         else
           ps.deferred = err;  // an inline send returned already: its next send to peer throws
       } else if ((word & 3) == kP2pVerdictBadBuffer) {
-        // Only single-copy sends get this verdict, and they wait for it.
         const bool ours = v.recv_count.load(std::memory_order_relaxed) == kP2pBadSendBuffer;
         const std::string mine = op ? describe(*op) : fmt::format("a send to rank {}", peer);
         auto err =
@@ -503,10 +502,8 @@ bool P2p::progress_send(int peer, PeerState& ps) {
                                    "receive buffer for it is not writable memory of its process",
                                    c_.rank, mine, m, peer),
                        EFAULT));
-        if (op)
-          finish(op, err);
-        else
-          ps.deferred = err;
+        // Only a waiting single-copy send gets this verdict: op is known.
+        if (op) finish(op, err);
       } else if (op) {
         finish(op, nullptr);
       }
@@ -667,7 +664,9 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
       queue_verdict(peer, op, kP2pVerdictOk, false, nullptr);
       return;
     }
-    if (err == ESRCH) {
+    // EFAULT from a peer that died, its pid taken by another process of
+    // ours: the death, not a bad buffer.
+    if (err == ESRCH || (err == EFAULT && !c_.seg->rank_alive(peer))) {
       finish(op,
              std::make_exception_ptr(PeerFailureError(fmt::format(
                  "rank {}: rank {} (pid {}) died during {}", c_.rank, peer, pid, describe(*op)))));

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <ctime>
@@ -190,17 +191,22 @@ std::optional<AbortInfo> read_abort(const Header& h) {
   // The winner is writing its reason: a few hundred bytes, so the wait is
   // short unless the winner was descheduled, or killed between its claim and
   // its code (then no one would ever finish the record). Bounded, so that a
-  // dead writer cannot hang every rank that reads the record.
+  // dead writer cannot hang every rank that reads the record. A process
+  // that gave up on a record does not wait for it again (the header may be
+  // mapped read-only here, so nothing is written to it).
+  static std::atomic<const Header*> given_up_on{nullptr};
   const auto give_up = std::chrono::steady_clock::now() + kAbortRecordWait;
   for (int i = 0; code == kAbortClaimed; ++i) {
     if (i < 1024) {
       cpu_relax();
+    } else if (given_up_on.load(std::memory_order_relaxed) == &h ||
+               std::chrono::steady_clock::now() >= give_up) {
+      given_up_on.store(&h, std::memory_order_relaxed);
+      return AbortInfo{static_cast<std::uint32_t>(ErrorCode::peer_failure), -1,
+                       fmt::format("a rank began to record the job's error but did not finish "
+                                   "within {} s (it may have died while recording it)",
+                                   std::chrono::duration<double>(kAbortRecordWait).count())};
     } else {
-      if (std::chrono::steady_clock::now() >= give_up)
-        return AbortInfo{static_cast<std::uint32_t>(ErrorCode::peer_failure), -1,
-                         fmt::format("a rank began to record the job's error but did not finish "
-                                     "within {} s (it may have died while recording it)",
-                                     std::chrono::duration<double>(kAbortRecordWait).count())};
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     code = h.abort_code.load(std::memory_order_acquire);
