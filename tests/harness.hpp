@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -59,6 +60,10 @@ inline int decode_status(int status) {
 /// Children still running after `timeout_s` are SIGKILLed (status 137).
 inline std::vector<int> run_processes(int n, const std::function<void(int)>& fn,
                                       double timeout_s = 120) {
+  // Emulated runs (tools/check --cross: qemu-user, several times slower, as
+  // meson's --timeout-multiplier there) scale every job's limit.
+  if (const char* scale = std::getenv("SHMRING_TEST_TIMEOUT_SCALE"))
+    timeout_s *= std::max(1.0, std::atof(scale));
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(n);
