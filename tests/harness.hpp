@@ -58,12 +58,17 @@ inline int decode_status(int status) {
 /// Runs fn(rank) in `n` forked processes and returns their exit statuses.
 /// A child exits 0 when fn returns, 1 when it throws (message on stderr).
 /// Children still running after `timeout_s` are SIGKILLed (status 137).
+/// How much slower than native the tests run: SHMRING_TEST_TIMEOUT_SCALE
+/// (tools/check --cross sets 4 for qemu-user, as meson's
+/// --timeout-multiplier there), at least 1.
+inline double timeout_scale() {
+  const char* scale = std::getenv("SHMRING_TEST_TIMEOUT_SCALE");
+  return scale ? std::max(1.0, std::atof(scale)) : 1.0;
+}
+
 inline std::vector<int> run_processes(int n, const std::function<void(int)>& fn,
                                       double timeout_s = 120) {
-  // Emulated runs (tools/check --cross: qemu-user, several times slower, as
-  // meson's --timeout-multiplier there) scale every job's limit.
-  if (const char* scale = std::getenv("SHMRING_TEST_TIMEOUT_SCALE"))
-    timeout_s *= std::max(1.0, std::atof(scale));
+  timeout_s *= timeout_scale();  // every job's limit, in emulated runs
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(n);

@@ -23,7 +23,11 @@ namespace {
 
 constexpr int kJobs = 200;
 constexpr int kKilled = 50;
-constexpr double kJobLimitS = 15;  // generous: a survivor's own timeout is 1 s
+// Emulated runs (tools/check --cross) scale both limits: under qemu on the
+// loaded VM a job without a kill once timed out at 1 s.
+const double kScale = test::timeout_scale();
+const double kTimeoutS = 1 * kScale;
+const double kJobLimitS = 15 * kScale;  // generous: a survivor's own timeout is 1 s
 
 // Exit codes of a worker: 0 done, 10 + ErrorCode on a shmring error, 2 other.
 int worker(int r, int n, const std::string& job) {
@@ -34,7 +38,7 @@ int worker(int r, int n, const std::string& job) {
     o.job_id = job;
     o.slots = 2;
     o.slot_bytes = 4096;
-    o.timeout_s = 1;
+    o.timeout_s = kTimeoutS;
     o.threads = 1;
     Communicator comm(o);
     std::vector<std::int32_t> x(64);
