@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -30,6 +31,16 @@ namespace shmring::test {
 /// also check that the median stays within kMedianDetectionBoundS.
 inline constexpr double kDetectionBoundS = 5.0;
 inline constexpr double kMedianDetectionBoundS = 1.0;
+
+/// The median of a test case's detection latencies (seconds), printed; the
+/// caller checks it against kMedianDetectionBoundS. Requires samples.
+inline double median_detection(std::vector<double> latencies) {
+  if (latencies.empty()) return 1e9;  // no detection at all: fails the bound
+  std::sort(latencies.begin(), latencies.end());
+  const double median = latencies[latencies.size() / 2];
+  std::printf("median detection %.2f ms over %zu survivors\n", median * 1e3, latencies.size());
+  return median;
+}
 
 inline std::int64_t mono_ns() {
   struct timespec ts {};
