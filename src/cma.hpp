@@ -31,6 +31,23 @@ int cma_read_parallel(tbb::task_arena* arena, int pid, std::byte* dst, std::uint
 /// time); for error paths.
 bool cma_local_writable(std::byte* dst, std::uint64_t bytes);
 
+/// How much slower a process_vm_readv of 512 KiB is than a memcpy of the
+/// same cache-hot bytes on this machine (their times' ratio, the fastest of
+/// three each, reading this process's own memory); measured once per
+/// process, on the first call (about 0.1 ms), then cached. Infinity when
+/// the kernel refuses the read (seccomp). The staged collectives read
+/// blocks larger than 256 KiB in one copy only where this ratio is low
+/// (staged.cpp single_copy_max). Thread-safe.
+double cma_copy_ratio();
+
+/// The highest cma_copy_ratio() at which blocks past 256 KiB go in one copy.
+/// Measured on two 2-core VMs, N=2 (bench/README.md, eighth session): where
+/// the ratio was 1.7-1.9 (Intel Xeon, 2 MiB L2) one copy took alltoall and
+/// allgatherv of 1-4 MiB from 1.2-1.6x Open MPI's time to its time, and
+/// scatter of 2 MiB from 2x to 0.6x; where it was about 3.7 (AMD EPYC) the
+/// slot rounds, two pipelined copies on two CPUs, were faster from 512 KiB.
+inline constexpr double kCmaLargeMaxRatio = 2.5;
+
 /// Bytes from which cma_read_parallel splits a read.
 inline constexpr std::uint64_t kCmaParallelMinBytes = 8u << 20;
 

@@ -118,6 +118,11 @@ struct Communicator::Impl {
   // (cma.hpp); 1, the default, does where the kernel allows it. Point-to-
   // point messages and the staged collectives' single-copy round use it.
   int cma_mode = 1;
+  // SHMRING_CMA_LARGE: 1 takes the staged collectives' blocks past 256 KiB
+  // in one copy as well, 0 never; unset, the constructor decides by
+  // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
+  // off, or the job oversubscribed: no single-copy round at all).
+  int cma_large = -1;
   // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
   std::size_t cma_min_bytes = 64 * 1024;
   // Whether this rank can read every peer's memory (staged.cpp

@@ -528,6 +528,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   }
   if (auto v = detail::env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
     c.cma_min_bytes = static_cast<std::size_t>(*v);
+  if (auto v = detail::env_int("SHMRING_CMA_LARGE", 0, 1)) c.cma_large = static_cast<int>(*v);
   c.rank = cfg.rank;
   c.size = cfg.world_size;
   c.left = (c.rank + c.size - 1) % c.size;
@@ -556,20 +557,28 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
   if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
   c.unstacker = detail::Unstacker(cfg.migrate);
+  // Measured here, once per process, after placement and outside any
+  // collective's time.
+  double cma_ratio = 0;
+  if (c.cma_mode == 1 && c.cma_large < 0 && !cfg.oversubscribed) {
+    cma_ratio = detail::cma_copy_ratio();
+    c.cma_large = cma_ratio <= detail::kCmaLargeMaxRatio ? 1 : 0;
+  }
 
   SHMRING_LOG(
       info,
       "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
       "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
-      "yield={}us nt_stores={} ({}) migrate={} job_cpus={}{}",
+      "yield={}us nt_stores={} ({}) migrate={} job_cpus={} cma={} cma_large={} (copy ratio "
+      "{:.2f}){}",
       SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
       cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
       cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
       cfg.nt_stores == NtStores::automatic ? "auto"
       : cfg.nt_stores == NtStores::always  ? "always"
                                            : "never",
-      detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus,
-      cfg.oversubscribed ? " (oversubscribed)" : "");
+      detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.cma_mode, c.cma_large,
+      cma_ratio, cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() {

@@ -28,10 +28,10 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    9;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
-        // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
-        // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
-        // p2p bad-buffer verdicts
+    10;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+         // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
+         // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
+         // p2p bad-buffer verdicts; 10: kCmaLarge
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -104,14 +104,16 @@ struct alignas(64) Descriptor {
   // Staged collectives' single-copy round: 0 when this rank cannot read
   // every peer with process_vm_readv; else kCmaCapable | the address of its
   // own data in its address space (0 when it sends nothing), plus
-  // kCmaNoInline when it left its block out of round 0 (staged.cpp).
+  // kCmaNoInline when it left its block out of round 0, plus kCmaLarge
+  // when it takes blocks past 256 KiB in one copy too (staged.cpp).
   std::atomic<std::uint64_t> cma;
 };
-/// Flags in bits 63 and 62 of Descriptor::cma (never set in a Linux
+/// Flags in bits 63 to 61 of Descriptor::cma (never set in a Linux
 /// user-space address: 47, 52 or 56 bits at most).
 inline constexpr std::uint64_t kCmaCapable = std::uint64_t{1} << 63;
 inline constexpr std::uint64_t kCmaNoInline = std::uint64_t{1} << 62;
-inline constexpr std::uint64_t kCmaAddressMask = kCmaNoInline - 1;
+inline constexpr std::uint64_t kCmaLarge = std::uint64_t{1} << 61;
+inline constexpr std::uint64_t kCmaAddressMask = kCmaLarge - 1;
 
 /// CPUs a rank's affinity mask can name here (CPU_SETSIZE).
 inline constexpr std::size_t kCpuMaskWords = 1024 / 64;

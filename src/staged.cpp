@@ -56,8 +56,9 @@
 //
 // Single copy (alltoall, gather, scatter, allgatherv). When the largest
 // block is kSingleCopyMinBytes to single_copy_max() (64-256 KiB, a
-// scatter's to 512 KiB), the job is not oversubscribed and every rank can
-// read every other's memory with process_vm_readv (cma.hpp; probed once per
+// scatter's to 512 KiB; on machines where process_vm_readv is nearly as
+// fast as memcpy, no bound, a gather's 512 KiB: see single_copy_max), the job is not oversubscribed
+// and every rank can read every other's memory with process_vm_readv (cma.hpp; probed once per
 // communicator, SHMRING_CMA=0 says no), the data rounds give way to one
 // round with no copy into shared memory: each rank publishes in its
 // descriptor (`cma`) whether it can read the others and the address of its
@@ -161,6 +162,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "cma.hpp"
@@ -477,7 +479,8 @@ bool cma_capable(Communicator::Impl& c) {
 // What this rank publishes in its descriptor's `cma` word (layout.hpp).
 std::uint64_t cma_word(Communicator::Impl& c, const void* data) {
   if (!cma_capable(c)) return 0;
-  return detail::kCmaCapable | reinterpret_cast<std::uint64_t>(data);
+  return detail::kCmaCapable | (c.cma_large == 1 ? detail::kCmaLarge : 0) |
+         reinterpret_cast<std::uint64_t>(data);
 }
 
 // Copies `bytes` at `offset` of writer w's published data into `dst`. A
@@ -514,33 +517,45 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
       err));
 }
 
-// The single-copy round pays for blocks of kSingleCopyMinBytes to
-// single_copy_max() (bench/README.md, N=2 on the 2-core VM): below, the two
-// copies through the direct buffers cost less than the kernel's page walk;
-// above, one process_vm_readv ran at about a quarter of memcpy's speed
-// there (512 KiB: 41 us against 11 in cache) and the slot rounds pipeline
-// their two copies (round k+1 is written while round k is read). At 512
-// KiB (one slot round) alltoall and gather were still faster through the
-// slots but scatter was not (67 us against 40-49 in one copy; Open MPI 51;
-// why scatter's round is that slow is not known), hence its bound. Not
-// when ranks share CPUs (a reader that runs where its writer did finds the
-// data in cache through the slots). Every input is the same on every rank
-// (the descriptors, the kind, `largest`, the job's oversubscription), so
-// every rank takes the same path.
+// The single-copy round pays for blocks of kSingleCopyMinBytes and more:
+// below, the two copies through the direct buffers cost less than the
+// kernel's page walk. How far above depends on the machine (bench/README.md,
+// sixth and eighth sessions, N=2 on 2-core VMs):
+// - Where process_vm_readv is much slower than memcpy (an AMD EPYC VM: 512
+//   KiB in 41 us against 11 in cache, cma_copy_ratio about 3.7), the slot
+//   rounds, which pipeline their two copies on two CPUs (round k+1 is
+//   written while round k is read), were faster from 512 KiB, except for
+//   scatter, whose single slot round at 512 KiB was slower than one copy
+//   (why is not known): 256 KiB, 512 KiB for scatter.
+// - Where it is close (an Intel Xeon VM, ratio 1.7-1.9), one copy was
+//   faster at every size for alltoall, allgatherv and scatter (alltoall 1
+//   MiB 46 us against 96; scatter 2 MiB 50 against 160), as for Open MPI,
+//   which reads the same way; for gather only up to 512 KiB blocks (a
+//   gather's root copies every block either way, and a memcpy from the
+//   slots is the faster copy once the writers' rounds overlap it).
+// Every rank publishes which case it is in (kCmaLarge: SHMRING_CMA_LARGE,
+// or measured once per process, cma.hpp kCmaLargeMaxRatio) and the larger
+// bounds apply only when every rank does. Not when ranks share CPUs (a
+// reader that runs where its writer did finds the data in cache through
+// the slots). Every input is the same on every rank (the descriptors, the
+// kind, `largest`, the job's oversubscription), so every rank takes the
+// same path.
 constexpr std::size_t kSingleCopyMinBytes = 64 * 1024;
 
-std::size_t single_copy_max(CollectiveKind kind) {
-  return kind == CollectiveKind::scatter ? 512 * 1024 : 256 * 1024;
+std::size_t single_copy_max(CollectiveKind kind, bool large) {
+  if (!large) return kind == CollectiveKind::scatter ? 512 * 1024 : 256 * 1024;
+  return kind == CollectiveKind::gather ? 512 * 1024 : std::numeric_limits<std::size_t>::max();
 }
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
-  if (largest < kSingleCopyMinBytes || largest > single_copy_max(c.current->kind) ||
-      c.config.oversubscribed)
-    return false;
-  for (int q = 0; q < c.size; ++q)
-    if ((desc_of(c, q).cma.load(std::memory_order_relaxed) & detail::kCmaCapable) == 0)
-      return false;
-  return true;
+  if (largest < kSingleCopyMinBytes || c.config.oversubscribed) return false;
+  bool large = true;
+  for (int q = 0; q < c.size; ++q) {
+    const std::uint64_t word = desc_of(c, q).cma.load(std::memory_order_relaxed);
+    if ((word & detail::kCmaCapable) == 0) return false;
+    large = large && (word & detail::kCmaLarge) != 0;
+  }
+  return largest <= single_copy_max(c.current->kind, large);
 }
 
 // A writer whose block is big enough for the single-copy round, and which

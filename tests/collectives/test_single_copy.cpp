@@ -759,6 +759,102 @@ TEST_CASE("single copy: N=3 and N=4 with the round forced on (white-box)") {
   }
 }
 
+// Sets an environment variable for the ranks forked in its scope.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+TEST_CASE("single copy of large blocks (SHMRING_CMA_LARGE=1): every collective past 256 KiB") {
+  // Where process_vm_readv is nearly as fast as memcpy (measured per
+  // process, or SHMRING_CMA_LARGE=1) blocks past 256 KiB go in one copy too:
+  // every bound's edge (gather's 512 KiB), a block past the 8 MiB from which
+  // the reads split across threads, N=2 and N=3 (white-box, as above).
+  ScopedEnv large("SHMRING_CMA_LARGE", "1");
+  const std::vector<Case> big = {
+      {DataType::int8, 262145, 1},     {DataType::float16, 262143, 2},
+      {DataType::int32, 131072, 0},    {DataType::int8, 524289, 3},
+      {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1}};
+  for (int n : {2, 3}) {
+    INFO("N=", n);
+    check_all(test::run_ranks(
+        n,
+        [&](Communicator& c) {
+          const_cast<Config&>(c.config()).oversubscribed = false;
+          std::uint64_t salt = 1000 + 100 * n;
+          for (const Case& k : big) {
+            one_case(c, k, salt % 2 == 0, ++salt);
+            interleave(c, salt, static_cast<int>(salt));
+          }
+        },
+        600));
+  }
+}
+
+namespace {
+
+// A 1 MiB-block alltoall at N=2 after rank 1 turned non-dumpable (its
+// memory can no longer be read; see the test above): status 42 on a rank
+// when the collective failed, 0 when it went through the slots. Tells which
+// path the ranks took, with SHMRING_CMA_LARGE set per rank (nullptr: unset).
+std::vector<int> large_alltoall_unreadable(const char* large0, const char* large1) {
+  const std::string job = test::unique_job_id("cmalarge");
+  return test::run_processes(
+      2,
+      [&](int r) {
+        SHMRING_CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, "drop to nobody");
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);  // setuid cleared it
+        if (const char* v = r == 0 ? large0 : large1) setenv("SHMRING_CMA_LARGE", v, 1);
+        Options o;
+        o.rank = r;
+        o.world_size = 2;
+        o.job_id = job;
+        o.timeout_s = 60;
+        Communicator c(o);
+        const_cast<Config&>(c.config()).oversubscribed = false;
+        const std::size_t bytes = 1u << 20;
+        Buf s(bytes * 2, 0), d(bytes * 2, 0);
+        fill(s, r, bytes * 2, 5);
+        c.alltoall(s.data(), d.data(), 100000, DataType::uint8);  // probes: readable
+        if (r == 1) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+        c.barrier();
+        try {
+          c.alltoall(s.data(), d.data(), bytes, DataType::uint8);
+          expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 5, "alltoall", 1, 0);
+          _exit(0);
+        } catch (const Error& e) {
+          std::fprintf(stderr, "rank %d got: %s\n", r, e.what());
+          _exit(42);
+        }
+      },
+      120);
+}
+
+}  // namespace
+
+TEST_CASE("single copy of large blocks: taken only when every rank says so") {
+  if (!test::sibling_reads_work()) {
+    MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
+    return;
+  }
+  if (geteuid() != 0) {
+    MESSAGE("skipped: needs root to run the ranks as an unprivileged user");
+    return;
+  }
+  // Both ranks large: the 1 MiB blocks are read in one copy, which fails.
+  auto st = large_alltoall_unreadable("1", "1");
+  CHECK(st[0] == 42);
+  CHECK(st[1] == 42);
+  // Off on both, or on one rank only (the ranks must agree): the slots.
+  for (auto [a, b] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"0", "1"}}) {
+    INFO("SHMRING_CMA_LARGE ", a, " / ", b);
+    st = large_alltoall_unreadable(a, b);
+    CHECK(st[0] == 0);
+    CHECK(st[1] == 0);
+  }
+}
+
 TEST_CASE("single copy: mismatched calls around the round's range fail every rank") {
   // One rank in the range (leaves its block out of round 0), the other
   // below it (inline), past it (slot rounds) or another collective: every
