@@ -54,11 +54,12 @@
 //                        accumulate wide and round once); header.
 // A rank's own block never travels: it is copied locally (or left in place).
 //
-// Single copy (alltoall, gather, scatter, allgatherv). When the largest
-// block is kSingleCopyMinBytes to single_copy_max() (64-256 KiB, a
-// scatter's to 512 KiB; on machines where process_vm_readv is nearly as
-// fast as memcpy, no bound, a gather's 512 KiB: see single_copy_max), the job is not oversubscribed
-// and every rank can read every other's memory with process_vm_readv (cma.hpp; probed once per
+// Single copy (alltoall, alltoallv whose send blocks are packed, gather,
+// scatter, allgatherv). When the largest block is kSingleCopyMinBytes to
+// single_copy_max() (64-256 KiB, a scatter's to 512 KiB; where
+// process_vm_readv is nearly as fast as memcpy, no bound, a gather's 512
+// KiB), the job is not oversubscribed and every rank can read every
+// other's memory with process_vm_readv (cma.hpp; probed once per
 // communicator, SHMRING_CMA=0 says no), the data rounds give way to one
 // round with no copy into shared memory: each rank publishes in its
 // descriptor (`cma`) whether it can read the others and the address of its
@@ -382,6 +383,17 @@ std::uint64_t header_entry(Rounds& r, int q, std::size_t i) {
   return v;
 }
 
+// Whether blocks lie back to back in rank order from displacement 0, as
+// most alltoallv callers lay them out (torch's all_to_all_single always
+// does): then a reader finds its block in a writer's send buffer from the
+// counts in the writer's header alone (alltoallv's single-copy round).
+bool packed(const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs) {
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < counts.size(); at += counts[j], ++j)
+    if (displs[j] != at) return false;
+  return true;
+}
+
 // allgatherv / reduce_scatter_v: every rank's recv_counts must equal ours.
 void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::size_t>& counts) {
   const std::uint64_t mine = c.current->vhash;  // the front's staged_vector_hash(counts)
@@ -587,6 +599,10 @@ namespace {
 // write(buf, slice, lane) fills this writer's buffer with slice `slice` of
 // its blocks; read(k, slice, lane) copies slice `slice` out of the writers'
 // round-k buffers (r.await) into this reader's output.
+// `single` (or null) reads this reader's blocks from the writers' buffers
+// in the single-copy round, relative to their `my_data`; a rank that passes
+// can_single = false (an alltoallv whose send blocks are not packed) turns
+// the round off for everyone, as a rank that cannot read does.
 // `local` (or null) copies this rank's own block, which never travels. It
 // runs once the rank has published its first data round, or before its
 // first read when it writes nothing: a gather's root copies its own block
@@ -598,7 +614,8 @@ template <class IsReader, class Header, class Check, class Write, class Read,
           class Local = std::nullptr_t, class Single = std::nullptr_t>
 void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
                 std::size_t local_largest, Header header, Check check, Write write, Read read,
-                Local local = nullptr, Single single = nullptr, const void* my_data = nullptr) {
+                Local local = nullptr, Single single = nullptr, const void* my_data = nullptr,
+                bool can_single = true) {
   constexpr bool has_header = !std::is_same_v<Header, std::nullptr_t>;
   constexpr bool has_single = !std::is_same_v<Single, std::nullptr_t>;
   bool local_done = std::is_same_v<Local, std::nullptr_t>;
@@ -610,7 +627,7 @@ void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsRe
   };
   const std::size_t lane0 = r.lane_inline();
   bool no_inline = false;
-  if constexpr (has_single) no_inline = writer && leaves_inline_out(c, local_largest);
+  if constexpr (has_single) no_inline = writer && can_single && leaves_inline_out(c, local_largest);
   if (writer) {
     std::byte* buf = r.acquire(0, is_reader);
     if constexpr (has_header) header(buf);
@@ -619,7 +636,8 @@ void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsRe
   }
   if constexpr (has_single)
     c.my_area().desc[c.collectives % detail::kDescRing].cma.store(
-        cma_word(c, writer ? my_data : nullptr) | (no_inline ? detail::kCmaNoInline : 0),
+        (can_single ? cma_word(c, writer ? my_data : nullptr) : 0) |
+            (no_inline ? detail::kCmaNoInline : 0),
         std::memory_order_relaxed);
   announce_and_check(c);
   const std::size_t largest = check();
@@ -738,7 +756,19 @@ void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const
             c.copy(out + v.recv_displs[w] * es + s.begin,
                    r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
         }
-      });
+      },
+      nullptr,
+      [&] {
+        // Writer w's block for me starts after its blocks for ranks 0..me-1:
+        // their counts are in its header (send_counts first).
+        for (int t = 1; t < n; ++t) {
+          const int w = (me - t + n) % n;
+          std::uint64_t before = 0;
+          for (int j = 0; j < me; ++j) before += header_entry(r, w, static_cast<std::size_t>(j));
+          cma_take(c, w, before * es, out + v.recv_displs[w] * es, v.recv_counts[w] * es);
+        }
+      },
+      send, packed(v.send_counts, v.send_displs));
 }
 
 }  // namespace shmring::algo

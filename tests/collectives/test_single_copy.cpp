@@ -181,6 +181,39 @@ void one_case(Communicator& c, const Case& k, bool nonblocking, std::uint64_t sa
       expect(r.data() + j * bytes, j, me * bytes, bytes, salt, "alltoall", bytes, j);
     expect(s.data(), me, 0, bytes * n, salt, "alltoall send unchanged", bytes, 0);
   }
+  // alltoallv: block sizes count, count/2+1 and 0 by pair; send blocks
+  // packed in rank order (the single-copy round) or, on one rank, in
+  // reverse order with gaps (no round for anyone: the slots).
+  for (int unpacked = -1; unpacked < n; ++unpacked) {
+    const std::uint64_t s4 = salt * 17 + static_cast<std::uint64_t>(unpacked + 1);
+    auto cnt = [&](int from, int to) -> std::size_t {
+      const int d = (to - from + n) % n;
+      return d == 1 ? k.count : d == 2 ? 0 : k.count / 2 + 1;
+    };
+    std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+    std::size_t at = 0;
+    if (me == unpacked)
+      for (int j = n; j-- > 0;) sd[j] = at + 1, sc[j] = cnt(me, j), at += sc[j] + 3;
+    else
+      for (int j = 0; j < n; ++j) sd[j] = at, sc[j] = cnt(me, j), at += sc[j];
+    Buf snd((at + 1) * es, k.skew);
+    std::size_t rat = 0;
+    for (int j = 0; j < n; ++j) rd[j] = rat, rc[j] = cnt(j, me), rat += rc[j];
+    Buf rcv(rat * es, k.skew);
+    // Block j of my send holds my pattern from byte sum_{i<j} sc[i] * es.
+    std::size_t from = 0;
+    for (int j = 0; j < n; ++j) {
+      for (std::size_t i = 0; i < sc[j] * es; ++i) snd[sd[j] * es + i] = pat(me, from + i, s4);
+      from += sc[j] * es;
+    }
+    run([&] { c.alltoallv(snd.data(), sc, sd, rcv.data(), rc, rd, k.dtype); },
+        [&] { return c.ialltoallv(snd.data(), sc, sd, rcv.data(), rc, rd, k.dtype); });
+    for (int j = 0; j < n; ++j) {
+      std::size_t f = 0;  // where j's block for me starts in j's pattern
+      for (int i = 0; i < me; ++i) f += cnt(j, i) * es;
+      expect(rcv.data() + rd[j] * es, j, f, rc[j] * es, s4, "alltoallv", unpacked + 1, j);
+    }
+  }
   for (int root = 0; root < n; ++root)
     for (bool in_place : {false, true}) {
       const std::uint64_t s2 = salt * 7 + root * 2 + in_place;
