@@ -712,44 +712,53 @@ TEST_CASE("single copy: a reader's own receive buffer it cannot write is named a
   }));
 }
 
-TEST_CASE("single copy: a rank that becomes non-dumpable after the probe: clear error, no hang") {
+namespace {
+
+// Whether this test can run ranks whose memory their peers may not read:
+// sibling reads must work, and dropping to an unprivileged user needs root.
+bool can_make_ranks_unreadable() {
   if (!test::sibling_reads_work()) {
     MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
-    return;
+    return false;
   }
-  // Without CAP_SYS_PTRACE, a process that is not dumpable (prctl, or after
-  // a setuid) cannot be read by its peers. The probe runs once per
-  // communicator, so a rank that turns non-dumpable later makes the next
-  // single-copy read fail (EPERM): the job must end with the reason on both
-  // ranks, not hang. Needs root to drop to an unprivileged user.
   if (geteuid() != 0) {
     MESSAGE("skipped: needs root to run the ranks as an unprivileged user");
-    return;
+    return false;
   }
-  const std::string job = test::unique_job_id("cmadump");
-  auto st = test::run_processes(
+  return true;
+}
+
+// Without CAP_SYS_PTRACE, a process that is not dumpable (prctl, or after
+// a setuid) cannot be read by its peers. An alltoall of `bytes` blocks at
+// N=2 (the job's oversubscription flag cleared: white-box) after a first
+// one that probed, with rank 1 turned non-dumpable in between: status 42 on
+// a rank whose second alltoall failed, 0 when it went through the slots.
+// SHMRING_CMA_LARGE per rank (nullptr: unset).
+std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t bytes,
+                                           const char* large0 = nullptr,
+                                           const char* large1 = nullptr) {
+  return test::run_processes(
       2,
       [&](int r) {
         SHMRING_CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, "drop to nobody");
         prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);  // setuid cleared it
+        if (const char* v = r == 0 ? large0 : large1) setenv("SHMRING_CMA_LARGE", v, 1);
         Options o;
         o.rank = r;
         o.world_size = 2;
         o.job_id = job;
         o.timeout_s = 60;
         Communicator c(o);
-        if (c.config().oversubscribed) _exit(77);  // no single-copy round here
-        const std::size_t bytes = 100000;
+        const_cast<Config&>(c.config()).oversubscribed = false;
         Buf s(bytes * 2, 0), d(bytes * 2, 0);
         fill(s, r, bytes * 2, 3);
-        c.alltoall(s.data(), d.data(), bytes, DataType::uint8);  // probes: readable
-        expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 3, "alltoall", 0, 0);
+        c.alltoall(s.data(), d.data(), 100000, DataType::uint8);  // probes: readable
+        expect(d.data() + (1 - r) * 100000, 1 - r, r * 100000, 100000, 3, "alltoall", 0, 0);
         if (r == 1) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
         c.barrier();
         try {
           c.alltoall(s.data(), d.data(), bytes, DataType::uint8);
           expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 3, "alltoall", 1, 0);
-          std::fprintf(stderr, "rank %d: second alltoall passed\n", r);
           _exit(0);
         } catch (const Error& e) {
           std::fprintf(stderr, "rank %d got: %s\n", r, e.what());
@@ -757,12 +766,19 @@ TEST_CASE("single copy: a rank that becomes non-dumpable after the probe: clear 
         }
       },
       120);
-  if (st[0] == 77 || st[1] == 77) {
-    MESSAGE("skipped: the ranks share a CPU here, so no single-copy round");
-    return;
-  }
-  // Today's behaviour (staged.cpp cma_take): the job ends with EPERM named
-  // on both ranks; a fallback to the slot rounds would also be acceptable.
+}
+
+}  // namespace
+
+TEST_CASE("single copy: a rank that becomes non-dumpable after the probe: clear error, no hang") {
+  if (!can_make_ranks_unreadable()) return;
+  // The probe runs once per communicator, so the next single-copy read
+  // fails (EPERM): the job must end with the reason on both ranks, not
+  // hang. Today's behaviour (staged.cpp cma_take): the job ends with EPERM
+  // named on both ranks; a fallback to the slot rounds would also be
+  // acceptable.
+  const std::string job = test::unique_job_id("cmadump");
+  auto st = alltoall_after_unreadable(job, 100000);
   CHECK(st[0] == 42);
   CHECK(st[1] == 42);
   CHECK_FALSE(leftover_segments(job));
@@ -825,64 +841,16 @@ TEST_CASE("single copy of large blocks (SHMRING_CMA_LARGE=1): every collective p
   }
 }
 
-namespace {
-
-// A 1 MiB-block alltoall at N=2 after rank 1 turned non-dumpable (its
-// memory can no longer be read; see the test above): status 42 on a rank
-// when the collective failed, 0 when it went through the slots. Tells which
-// path the ranks took, with SHMRING_CMA_LARGE set per rank (nullptr: unset).
-std::vector<int> large_alltoall_unreadable(const char* large0, const char* large1) {
-  const std::string job = test::unique_job_id("cmalarge");
-  return test::run_processes(
-      2,
-      [&](int r) {
-        SHMRING_CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, "drop to nobody");
-        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);  // setuid cleared it
-        if (const char* v = r == 0 ? large0 : large1) setenv("SHMRING_CMA_LARGE", v, 1);
-        Options o;
-        o.rank = r;
-        o.world_size = 2;
-        o.job_id = job;
-        o.timeout_s = 60;
-        Communicator c(o);
-        const_cast<Config&>(c.config()).oversubscribed = false;
-        const std::size_t bytes = 1u << 20;
-        Buf s(bytes * 2, 0), d(bytes * 2, 0);
-        fill(s, r, bytes * 2, 5);
-        c.alltoall(s.data(), d.data(), 100000, DataType::uint8);  // probes: readable
-        if (r == 1) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-        c.barrier();
-        try {
-          c.alltoall(s.data(), d.data(), bytes, DataType::uint8);
-          expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 5, "alltoall", 1, 0);
-          _exit(0);
-        } catch (const Error& e) {
-          std::fprintf(stderr, "rank %d got: %s\n", r, e.what());
-          _exit(42);
-        }
-      },
-      120);
-}
-
-}  // namespace
-
 TEST_CASE("single copy of large blocks: taken only when every rank says so") {
-  if (!test::sibling_reads_work()) {
-    MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
-    return;
-  }
-  if (geteuid() != 0) {
-    MESSAGE("skipped: needs root to run the ranks as an unprivileged user");
-    return;
-  }
+  if (!can_make_ranks_unreadable()) return;
   // Both ranks large: the 1 MiB blocks are read in one copy, which fails.
-  auto st = large_alltoall_unreadable("1", "1");
+  auto st = alltoall_after_unreadable(test::unique_job_id("cmalarge"), 1u << 20, "1", "1");
   CHECK(st[0] == 42);
   CHECK(st[1] == 42);
   // Off on both, or on one rank only (the ranks must agree): the slots.
   for (auto [a, b] : {std::pair{"0", "0"}, std::pair{"1", "0"}, std::pair{"0", "1"}}) {
     INFO("SHMRING_CMA_LARGE ", a, " / ", b);
-    st = large_alltoall_unreadable(a, b);
+    st = alltoall_after_unreadable(test::unique_job_id("cmalarge"), 1u << 20, a, b);
     CHECK(st[0] == 0);
     CHECK(st[1] == 0);
   }
