@@ -146,8 +146,12 @@ Op make_alltoall(Communicator::Impl& c, const void* send, void* recv, std::size_
     check_disjoint(c, what, send, bytes, recv, bytes, nullptr, "alltoall has no in-place form");
     check_lane(c, what, c.size - 1, 0);
   });
-  return {
-      {CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
+  // The whole send buffer in one line when it fits (low_latency.cpp).
+  const std::size_t payload = count * datatype_size(dtype) * static_cast<std::size_t>(c.size);
+  const Algorithm a = c.choose(CollectiveKind::alltoall, payload) == Algorithm::low_latency
+                          ? Algorithm::low_latency
+                          : Algorithm::staged;
+  return {{CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, a}, send, recv};
 }
 
 Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::size_t> sc,

@@ -338,6 +338,12 @@ void barrier_direct(Communicator::Impl& c);
 void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                            DataType dtype, ReduceOp op);
 void barrier_low_latency(Communicator::Impl& c);
+/// allgather of at most kLowLatencyBytes per rank, alltoall of at most
+/// kLowLatencyBytes per rank's whole send buffer: the line carries it.
+void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype);
+void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                          DataType dtype);
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op);
 // Staged algorithms through the direct buffers, in rounds (staged.cpp).

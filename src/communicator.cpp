@@ -224,7 +224,9 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   // rank unless an algorithm is forced (SHMRING_ALGO=direct keeps testing
   // the direct path at every size).
   if (kind == CollectiveKind::barrier) return Algorithm::low_latency;
-  if (kind == CollectiveKind::allreduce && payload <= detail::kLowLatencyBytes && !forced_algorithm)
+  if ((kind == CollectiveKind::allreduce || kind == CollectiveKind::allgather ||
+       kind == CollectiveKind::alltoall) &&
+      payload <= detail::kLowLatencyBytes && !forced_algorithm && size > 1)
     return Algorithm::low_latency;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (forced_algorithm == Algorithm::ring) return Algorithm::ring;

@@ -57,6 +57,8 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::allgather:
       if (size == 1) {
         if (copy_only) copy(o.recv, o.send, o.bytes);
+      } else if (d.algorithm == Algorithm::low_latency) {
+        algo::allgather_low_latency(*this, o.send, o.recv, d.count, d.dtype);
       } else if (direct) {
         algo::allgather_direct(*this, o.send, o.recv, d.count, d.dtype);
       } else {
@@ -85,7 +87,10 @@ void Communicator::Impl::run(const Op& o) {
       break;
     // Issue 14's collectives (staged.cpp; they handle world size 1 too).
     case CollectiveKind::alltoall:
-      algo::alltoall_staged(*this, o.send, o.recv, d.count, d.dtype);
+      if (d.algorithm == Algorithm::low_latency)
+        algo::alltoall_low_latency(*this, o.send, o.recv, d.count, d.dtype);
+      else
+        algo::alltoall_staged(*this, o.send, o.recv, d.count, d.dtype);
       break;
     case CollectiveKind::alltoallv:
       algo::alltoallv_staged(*this, o.send, o.recv, *o.v, d.dtype);

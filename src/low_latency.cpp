@@ -1,5 +1,6 @@
-// Low-latency path for the smallest collectives: barriers and allreduces of
-// at most kLowLatencyBytes (40 bytes: ten float32).
+// Low-latency path for the smallest collectives: barriers, allreduces and
+// allgathers of at most kLowLatencyBytes (40 bytes: ten float32) per rank,
+// and alltoalls whose whole send buffer is that small.
 //
 // Terms. Every rank owns two low-latency lines (layout.hpp LowLatencyLine);
 // collective c uses line c mod 2. A line holds a sequence number (`seq` =
@@ -149,6 +150,36 @@ void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, 
         return q == c.rank && own_from_send ? own : c.area(q).low_latency[parity].data;
       },
       c.size, count, dtype, op);
+}
+
+void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype) {
+  const std::size_t bytes = count * datatype_size(dtype);
+  publish_line(c, send, bytes);
+  auto* out = static_cast<std::byte*>(recv);
+  // In place (send == recv + rank * bytes) this copies nothing.
+  if (bytes > 0) std::memmove(out + c.rank * bytes, send, bytes);
+  wait_all_lines(c);
+  if (bytes == 0) return;
+  const std::size_t parity = c.collectives % 2;
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank) std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data, bytes);
+}
+
+void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                          DataType dtype) {
+  // The line carries our whole send buffer; each peer takes its block.
+  const std::size_t bytes = count * datatype_size(dtype);
+  publish_line(c, send, bytes * static_cast<std::size_t>(c.size));
+  auto* out = static_cast<std::byte*>(recv);
+  if (bytes > 0)
+    std::memcpy(out + c.rank * bytes, static_cast<const std::byte*>(send) + c.rank * bytes, bytes);
+  wait_all_lines(c);
+  if (bytes == 0) return;
+  const std::size_t parity = c.collectives % 2;
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank)
+      std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data + c.rank * bytes, bytes);
 }
 
 void barrier_low_latency(Communicator::Impl& c) {

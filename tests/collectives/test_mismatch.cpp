@@ -102,6 +102,39 @@ TEST_CASE("an allreduce that fits one line against one that does not, and barrie
   }
 }
 
+TEST_CASE("allgather and alltoall that fit one line against ones that do not, and each other") {
+  // Ten float32 per rank (allgather) or in the whole send buffer (alltoall)
+  // take the low-latency path; one more takes the direct or staged path.
+  for (int n : {2, 3}) {
+    expect_mismatch(
+        n,
+        [n](Communicator& c) {
+          const std::size_t count = c.rank() == 0 ? 10 : 11;
+          std::vector<float> x(count, 1.0f), y(count * n);
+          c.allgather(x.data(), y.data(), count, DataType::float32);
+        },
+        "count=");
+    expect_mismatch(
+        n,
+        [n](Communicator& c) {
+          const std::size_t count = c.rank() == 0 ? 10 / n : 10 / n + 1;
+          std::vector<float> x(count * n, 1.0f), y(count * n);
+          c.alltoall(x.data(), y.data(), count, DataType::float32);
+        },
+        "count=");
+    expect_mismatch(
+        n,
+        [n](Communicator& c) {
+          std::vector<float> x(n, 1.0f), y(n * n);
+          if (c.rank() == n - 1)
+            c.allgather(x.data(), y.data(), 1, DataType::float32);
+          else
+            c.alltoall(x.data(), y.data(), 1, DataType::float32);
+        },
+        "all");
+  }
+}
+
 TEST_CASE("datatype float32 against bfloat16") {
   for (const char* algo : {"direct", "ring"}) {
     expect_mismatch(
