@@ -55,10 +55,10 @@
 // A rank's own block never travels: it is copied locally (or left in place).
 //
 // Single copy (alltoall, alltoallv whose send blocks are packed, gather,
-// scatter, allgatherv). When the largest block is kSingleCopyMinBytes to
+// scatter, allgatherv). When the largest block is single_copy_min() to
 // single_copy_max() (64-256 KiB, a scatter's to 512 KiB; where
-// process_vm_readv is nearly as fast as memcpy, no bound, a gather's 512
-// KiB), the job is not oversubscribed and every rank can read every
+// process_vm_readv is nearly as fast as memcpy, from 8 KiB with no upper
+// bound, a gather's to 512 KiB), the job is not oversubscribed and every rank can read every
 // other's memory with process_vm_readv (cma.hpp; probed once per
 // communicator, SHMRING_CMA=0 says no), the data rounds give way to one
 // round with no copy into shared memory: each rank publishes in its
@@ -529,16 +529,19 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
       err));
 }
 
-// The single-copy round pays for blocks of kSingleCopyMinBytes and more:
+// The single-copy round pays for blocks of single_copy_min() and more:
 // below, the two copies through the direct buffers cost less than the
-// kernel's page walk. How far above depends on the machine (bench/README.md,
+// kernel's page walk. Both bounds depend on the machine (bench/README.md,
 // sixth and eighth sessions, N=2 on 2-core VMs):
 // - Where process_vm_readv is much slower than memcpy (an AMD EPYC VM: 512
 //   KiB in 41 us against 11 in cache, cma_copy_ratio about 3.7), the slot
 //   rounds, which pipeline their two copies on two CPUs (round k+1 is
 //   written while round k is read), were faster from 512 KiB, except for
 //   scatter, whose single slot round at 512 KiB was slower than one copy
-//   (why is not known): 256 KiB, 512 KiB for scatter.
+//   (why is not known): 256 KiB, 512 KiB for scatter; from 64 KiB.
+// - Where it is close, from 8 KiB (alltoall of 16-64 KiB at N=2 took
+//   1.65-2.94 us in one copy against 1.92-6.01 through round 0; blocks of
+//   4 KiB were faster through round 0, 1.21 us against 1.42).
 // - Where it is close (an Intel Xeon VM, ratio 1.7-1.9), one copy was
 //   faster at every size for alltoall, allgatherv and scatter (alltoall 1
 //   MiB 46 us against 96; scatter 2 MiB 50 against 160), as for Open MPI,
@@ -552,7 +555,9 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
 // the slots). Every input is the same on every rank (the descriptors, the
 // kind, `largest`, the job's oversubscription), so every rank takes the
 // same path.
-constexpr std::size_t kSingleCopyMinBytes = 64 * 1024;
+std::size_t single_copy_min(bool large) {
+  return large ? 8 * 1024 : 64 * 1024;
+}
 
 std::size_t single_copy_max(CollectiveKind kind, bool large) {
   if (!large) return kind == CollectiveKind::scatter ? 512 * 1024 : 256 * 1024;
@@ -560,14 +565,14 @@ std::size_t single_copy_max(CollectiveKind kind, bool large) {
 }
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
-  if (largest < kSingleCopyMinBytes || c.config.oversubscribed) return false;
+  if (largest < single_copy_min(true) || c.config.oversubscribed) return false;
   bool large = true;
   for (int q = 0; q < c.size; ++q) {
     const std::uint64_t word = desc_of(c, q).cma.load(std::memory_order_relaxed);
     if ((word & detail::kCmaCapable) == 0) return false;
     large = large && (word & detail::kCmaLarge) != 0;
   }
-  return largest <= single_copy_max(c.current->kind, large);
+  return largest >= single_copy_min(large) && largest <= single_copy_max(c.current->kind, large);
 }
 
 // A writer whose block is big enough for the single-copy round, and which
@@ -575,7 +580,8 @@ bool single_copy(Communicator::Impl& c, std::size_t largest) {
 // nothing); when the round does not happen (a peer cannot read), the data
 // rounds carry the blocks instead of round 0.
 bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
-  return local_largest >= kSingleCopyMinBytes && !c.config.oversubscribed && cma_capable(c);
+  return local_largest >= single_copy_min(c.cma_large == 1) && !c.config.oversubscribed &&
+         cma_capable(c);
 }
 
 bool someone_left_inline_out(Communicator::Impl& c) {

@@ -815,23 +815,26 @@ struct ScopedEnv {
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
 
-TEST_CASE("single copy of large blocks (SHMRING_CMA_LARGE=1): every collective past 256 KiB") {
+TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 KiB") {
   // Where process_vm_readv is nearly as fast as memcpy (measured per
-  // process, or SHMRING_CMA_LARGE=1) blocks past 256 KiB go in one copy too:
-  // every bound's edge (gather's 512 KiB), a block past the 8 MiB from which
-  // the reads split across threads, N=2 and N=3 (white-box, as above).
-  ScopedEnv large("SHMRING_CMA_LARGE", "1");
+  // process, or SHMRING_CMA_LARGE=1) blocks of 8 KiB to any size go in one
+  // copy: every bound's edge (8 KiB, gather's 512 KiB), a block past the 8
+  // MiB from which the reads split across threads, N=2 and N=3 (white-box,
+  // as above). With 0 (N=2), the same blocks take round 0 or the slots.
   const std::vector<Case> big = {
+      {DataType::int8, 8191, 1},       {DataType::int8, 8192, 0},
+      {DataType::float16, 4097, 2},    {DataType::int32, 16383, 4},
       {DataType::int8, 262145, 1},     {DataType::float16, 262143, 2},
       {DataType::int32, 131072, 0},    {DataType::int8, 524289, 3},
       {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1}};
-  for (int n : {2, 3}) {
-    INFO("N=", n);
+  for (auto [n, large] : {std::pair{2, "1"}, std::pair{3, "1"}, std::pair{2, "0"}}) {
+    INFO("N=", n, " SHMRING_CMA_LARGE=", large);
+    ScopedEnv env("SHMRING_CMA_LARGE", large);
     check_all(test::run_ranks(
         n,
         [&](Communicator& c) {
           const_cast<Config&>(c.config()).oversubscribed = false;
-          std::uint64_t salt = 1000 + 100 * n;
+          std::uint64_t salt = 1000 + 100 * n + (large[0] == '0' ? 50 : 0);
           for (const Case& k : big) {
             one_case(c, k, salt % 2 == 0, ++salt);
             interleave(c, salt, static_cast<int>(salt));
