@@ -263,7 +263,15 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
     if (send != in_place) check_send_apart(c, what, send, bytes, recv, rblocks);
     check_lane(c, what, 1, static_cast<std::size_t>(c.size) * 8);
   });
-  Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
+  // Every block in one line when each fits (low_latency.cpp); the choice
+  // follows recv_counts, which every rank's must equal.
+  const std::size_t largest =
+      v->recv_counts.empty() ? 0 : *std::max_element(v->recv_counts.begin(), v->recv_counts.end());
+  const Algorithm a =
+      c.choose(CollectiveKind::allgather, largest * datatype_size(dtype)) == Algorithm::low_latency
+          ? Algorithm::low_latency
+          : Algorithm::staged;
+  Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, a}, send, recv};
   o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
   o.v = std::move(v);
   return o;

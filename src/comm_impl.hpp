@@ -232,6 +232,9 @@ struct Communicator::Impl {
   void announce();
   /// Compares peer's descriptor for this collective with ours; raises a
   /// mismatch on every rank when they differ.
+  /// Fails the job: `peer` passed recv_counts other than ours (their hash,
+  /// CollectiveDesc::vhash, differs).
+  [[noreturn]] void fail_recv_counts(int peer);
   void check_descriptor(int peer);
   /// Waits for peer's announcement of this collective, then checks it.
   void wait_announced(int peer);
@@ -344,6 +347,9 @@ void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, 
                            DataType dtype);
 void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                           DataType dtype);
+/// allgatherv whose every block is at most kLowLatencyBytes.
+void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
+                            const VectorArgs& v, DataType dtype);
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op);
 // Staged algorithms through the direct buffers, in rounds (staged.cpp).

@@ -338,6 +338,13 @@ std::byte* Communicator::Impl::acquire_direct_buffer() {
   return seg->direct(rank, collectives % detail::kDirectBuffers);
 }
 
+void Communicator::Impl::fail_recv_counts(int peer) {
+  fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch in collective #{} {}: rank {} passed different recv_counts; "
+      "every rank must pass the same recv_counts",
+      rank, collectives, describe(*current), peer)));
+}
+
 void Communicator::Impl::check_descriptor(int peer) {
   // A peer runs at most K slots, 2 direct buffers or 32 eager-ring calls ahead, fewer than
   // kDescRing collectives: entry c is still ours to read. A torn read or a
@@ -373,6 +380,13 @@ void Communicator::Impl::check_descriptor(int peer) {
         "(it refused its arguments; its own error says why)",
         rank, collectives, describe(mine), peer)));
   }
+  // The vector collectives whose recv_counts every rank must pass alike
+  // hash them into the descriptor (staged.cpp compares them itself, and
+  // names the entry); a peer on another path is told here.
+  if (same &&
+      (mine.kind == CollectiveKind::allgatherv || mine.kind == CollectiveKind::reduce_scatter_v) &&
+      desc.vhash.load(std::memory_order_relaxed) != mine.vhash)
+    fail_recv_counts(peer);
   if (same) {
     fail(MismatchError(fmt::format(
         "rank {}: collective #{} {} runs the {} algorithm here but the {} algorithm on rank {}: "

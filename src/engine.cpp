@@ -102,7 +102,10 @@ void Communicator::Impl::run(const Op& o) {
       algo::scatter_staged(*this, o.send, o.recv, d.count, d.dtype, d.root);
       break;
     case CollectiveKind::allgatherv:
-      algo::allgatherv_staged(*this, o.send, o.recv, *o.v, d.dtype);
+      if (d.algorithm == Algorithm::low_latency)
+        algo::allgatherv_low_latency(*this, o.send, o.recv, *o.v, d.dtype);
+      else
+        algo::allgatherv_staged(*this, o.send, o.recv, *o.v, d.dtype);
       break;
     case CollectiveKind::reduce_scatter_v:
       algo::reduce_scatter_v_staged(*this, o.send, o.recv, *o.v, d.dtype, d.op);

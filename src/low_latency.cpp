@@ -1,6 +1,6 @@
-// Low-latency path for the smallest collectives: barriers, allreduces and
-// allgathers of at most kLowLatencyBytes (40 bytes: ten float32) per rank,
-// and alltoalls whose whole send buffer is that small.
+// Low-latency path for the smallest collectives: barriers, allreduces,
+// allgathers and allgathervs of at most kLowLatencyBytes (40 bytes: ten
+// float32) per rank, and alltoalls whose whole send buffer is that small.
 //
 // Terms. Every rank owns two low-latency lines (layout.hpp LowLatencyLine);
 // collective c uses line c mod 2. A line holds a sequence number (`seq` =
@@ -43,6 +43,12 @@
 namespace shmring {
 
 namespace {
+
+// The line's `count` word: the count, or for allgatherv (count 0) the hash
+// of its recv_counts, which every rank's must equal.
+std::uint64_t line_count(const CollectiveDesc& d) {
+  return d.count ^ d.vhash;
+}
 
 std::uint32_t pack(const CollectiveDesc& d) {
   return static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.dtype) << 8 |
@@ -89,9 +95,10 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
   }
   const CollectiveDesc& mine = *current;
   if (line.kind_dtype_op_algorithm.load(std::memory_order_relaxed) != pack(mine) ||
-      line.count.load(std::memory_order_relaxed) != mine.count ||
+      line.count.load(std::memory_order_relaxed) != line_count(mine) ||
       line.root.load(std::memory_order_relaxed) != mine.root) {
-    check_descriptor(peer);  // names the difference and throws
+    check_descriptor(peer);                       // names the difference and throws
+    if (mine.vhash != 0) fail_recv_counts(peer);  // allgatherv: the hash of recv_counts
     fail(MismatchError(fmt::format("rank {}: collective #{} {}: rank {} disagrees", rank,
                                    collectives, describe(mine), peer)));
   }
@@ -105,7 +112,7 @@ namespace {
 detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, std::size_t bytes) {
   detail::LowLatencyLine& line = c.acquire_low_latency_line();
   const CollectiveDesc& d = *c.current;
-  line.count.store(d.count, std::memory_order_relaxed);
+  line.count.store(line_count(d), std::memory_order_relaxed);
   line.kind_dtype_op_algorithm.store(pack(d), std::memory_order_relaxed);
   line.root.store(d.root, std::memory_order_relaxed);
   if (bytes > 0) std::memcpy(line.data, data, bytes);
@@ -180,6 +187,22 @@ void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, s
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank)
       std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data + c.rank * bytes, bytes);
+}
+
+void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
+                            const VectorArgs& v, DataType dtype) {
+  const std::size_t es = datatype_size(dtype);
+  const std::size_t bytes = v.recv_counts[c.rank] * es;
+  publish_line(c, send, bytes);
+  auto* out = static_cast<std::byte*>(recv);
+  // In place (send == recv + displs[rank]) this copies nothing.
+  if (bytes > 0) std::memmove(out + v.recv_displs[c.rank] * es, send, bytes);
+  wait_all_lines(c);
+  const std::size_t parity = c.collectives % 2;
+  for (int q = 0; q < c.size; ++q)
+    if (q != c.rank && v.recv_counts[q] > 0)
+      std::memcpy(out + v.recv_displs[q] * es, c.area(q).low_latency[parity].data,
+                  v.recv_counts[q] * es);
 }
 
 void barrier_low_latency(Communicator::Impl& c) {

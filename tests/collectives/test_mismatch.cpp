@@ -122,6 +122,20 @@ TEST_CASE("allgather and alltoall that fit one line against ones that do not, an
           c.alltoall(x.data(), y.data(), count, DataType::float32);
         },
         "count=");
+    // allgatherv: one line per block up to ten float32; the recv_counts
+    // travel as a hash in the line, so ranks on the line that disagree on
+    // them are told, as is one whose counts take the staged path.
+    for (std::size_t last : {std::size_t{2}, std::size_t{11}})
+      expect_mismatch(
+          n,
+          [n, last](Communicator& c) {
+            std::vector<std::size_t> counts(n, 1), displs(n);
+            if (c.rank() == 0) counts[n - 1] = last;
+            for (int q = 1; q < n; ++q) displs[q] = displs[q - 1] + counts[q - 1];
+            std::vector<float> x(counts[c.rank()], 1.0f), y(displs[n - 1] + counts[n - 1]);
+            c.allgatherv(x.data(), x.size(), y.data(), counts, displs, DataType::float32);
+          },
+          "passed different recv_counts");
     expect_mismatch(
         n,
         [n](Communicator& c) {
