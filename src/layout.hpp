@@ -31,7 +31,8 @@ inline constexpr std::uint32_t kLayoutVersion =
     10;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
-         // p2p bad-buffer verdicts; 10: kCmaLarge
+         // p2p bad-buffer verdicts; 10: kCmaLarge,
+         // 104-byte low-latency lines
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -139,8 +140,9 @@ struct alignas(kLine) RankInfo {
 /// the data: one line transfer per peer instead of the direct path's three
 /// (announced, descriptor, data). Collective c uses line c mod 2. The fields
 /// other than `seq` are written before `seq` (release) and read after it
-/// (acquire). Everything a reader needs sits in the first 64 bytes.
-inline constexpr std::size_t kLowLatencyBytes = 40;
+/// (acquire). Descriptor and 40 data bytes sit in the first 64 bytes, the
+/// other 64 data bytes in the second cache line of the 128-byte block.
+inline constexpr std::size_t kLowLatencyBytes = 104;
 struct alignas(kLine) LowLatencyLine {
   std::atomic<std::uint64_t> seq;                      // collective + 1 whose data this line holds
   std::atomic<std::uint64_t> count;                    // descriptor, as in Descriptor
@@ -148,7 +150,7 @@ struct alignas(kLine) LowLatencyLine {
   std::atomic<std::int32_t> root;
   std::byte data[kLowLatencyBytes];
 };
-static_assert(offsetof(LowLatencyLine, data) + kLowLatencyBytes == 64);
+static_assert(offsetof(LowLatencyLine, data) + kLowLatencyBytes == kLine);
 
 /// One line of an eager ring: the descriptor, the data and the sequence
 /// number in one 64-byte line, as LowLatencyLine; `seq` (collective + 1) is

@@ -569,8 +569,8 @@ TEST_CASE(
 }
 
 TEST_CASE("allgatherv and reduce_scatter_v: recv_counts differ (same sum too)") {
-  // Blocks past 40 bytes take the staged path, which names the entry; up
-  // to 40 bytes they travel in one line per rank with a hash of the
+  // Blocks past 104 bytes take the staged path, which names the entry; up
+  // to 104 bytes they travel in one line per rank with a hash of the
   // counts, and the message names the rank.
   for (std::size_t scale : {std::size_t{20}, std::size_t{1}})
     expect_mismatch(

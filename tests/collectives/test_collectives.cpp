@@ -130,8 +130,8 @@ void mixed_sequence(Communicator& c, int iterations) {
   for (int it = 0; it < iterations; ++it) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     const unsigned pick = static_cast<unsigned>(seed >> 60);         // 0..15
-    const std::size_t count = pick < 10   ? 1 + (seed >> 40) % 10    // one line
-                              : pick < 13 ? 11 + (seed >> 40) % 500  // direct
+    const std::size_t count = pick < 10   ? 1 + (seed >> 40) % 26    // one line
+                              : pick < 13 ? 27 + (seed >> 40) % 500  // direct
                                           : 40000;                   // ring, or a chain broadcast
     if (pick == 15) {
       c.barrier();

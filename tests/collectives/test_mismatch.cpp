@@ -78,14 +78,14 @@ TEST_CASE("rank 0 passes count N while the others pass N-2") {
 }
 
 TEST_CASE("an allreduce that fits one line against one that does not, and barrier vs allreduce") {
-  // Ten float32 take the low-latency path, eleven the direct path: the
+  // 26 float32 take the low-latency path, 27 the direct path: the
   // ranks disagree on the path as well as the count, and still every rank
   // gets the mismatch.
   for (int n : {2, 3}) {
     expect_mismatch(
         n,
         [](Communicator& c) {
-          std::vector<float> x(c.rank() == 0 ? 10 : 11, 1.0f);
+          std::vector<float> x(c.rank() == 0 ? 26 : 27, 1.0f);
           c.allreduce(std::span<float>(x), ReduceOp::sum);
         },
         "count=");
@@ -103,13 +103,13 @@ TEST_CASE("an allreduce that fits one line against one that does not, and barrie
 }
 
 TEST_CASE("allgather and alltoall that fit one line against ones that do not, and each other") {
-  // Ten float32 per rank (allgather) or in the whole send buffer (alltoall)
+  // 26 float32 per rank (allgather) or in the whole send buffer (alltoall)
   // take the low-latency path; one more takes the direct or staged path.
   for (int n : {2, 3}) {
     expect_mismatch(
         n,
         [n](Communicator& c) {
-          const std::size_t count = c.rank() == 0 ? 10 : 11;
+          const std::size_t count = c.rank() == 0 ? 26 : 27;
           std::vector<float> x(count, 1.0f), y(count * n);
           c.allgather(x.data(), y.data(), count, DataType::float32);
         },
@@ -117,15 +117,15 @@ TEST_CASE("allgather and alltoall that fit one line against ones that do not, an
     expect_mismatch(
         n,
         [n](Communicator& c) {
-          const std::size_t count = c.rank() == 0 ? 10 / n : 10 / n + 1;
+          const std::size_t count = c.rank() == 0 ? 26 / n : 26 / n + 1;
           std::vector<float> x(count * n, 1.0f), y(count * n);
           c.alltoall(x.data(), y.data(), count, DataType::float32);
         },
         "count=");
-    // allgatherv: one line per block up to ten float32; the recv_counts
+    // allgatherv: one line per block up to 26 float32; the recv_counts
     // travel as a hash in the line, so ranks on the line that disagree on
     // them are told, as is one whose counts take the staged path.
-    for (std::size_t last : {std::size_t{2}, std::size_t{11}})
+    for (std::size_t last : {std::size_t{2}, std::size_t{27}})
       expect_mismatch(
           n,
           [n, last](Communicator& c) {
