@@ -121,7 +121,7 @@ struct Communicator::Impl {
   // SHMRING_CMA_LARGE: 1 takes the staged collectives' blocks past 256 KiB
   // in one copy as well, 0 never; unset, the constructor decides by
   // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
-  // off, or the job oversubscribed: no single-copy round at all).
+  // off).
   int cma_large = -1;
   // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
   std::size_t cma_min_bytes = 64 * 1024;

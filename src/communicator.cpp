@@ -576,7 +576,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   // Measured here, once per process, after placement and outside any
   // collective's time.
   double cma_ratio = 0;
-  if (c.cma_mode == 1 && c.cma_large < 0 && !cfg.oversubscribed) {
+  if (c.cma_mode == 1 && c.cma_large < 0) {
     cma_ratio = detail::cma_copy_ratio();
     c.cma_large = cma_ratio <= detail::kCmaLargeMaxRatio ? 1 : 0;
   }

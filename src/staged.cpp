@@ -58,20 +58,20 @@
 // scatter, allgatherv). When the largest block is single_copy_min() to
 // single_copy_max() (64-256 KiB, a scatter's to 512 KiB; where
 // process_vm_readv is nearly as fast as memcpy, from 8 KiB with no upper
-// bound, a gather's to 512 KiB), the job is not oversubscribed and every rank can read every
-// other's memory with process_vm_readv (cma.hpp; probed once per
-// communicator, SHMRING_CMA=0 says no), the data rounds give way to one
-// round with no copy into shared memory: each rank publishes in its
-// descriptor (`cma`) whether it can read the others and the address of its
-// data; after the announcement the readers copy their blocks straight from
-// the writers' buffers, then publish `taken` for round 0; a writer returns
-// once its readers have (its buffer must not change before). MPI's vader
-// transport does the same for large messages; each byte moves once instead
-// of twice. A writer that expects the round leaves its block out of round 0
-// and says so (the kCmaNoInline flag); when the round does not happen after
-// all (another rank cannot read), the data rounds carry every block, even
-// small ones. Errors: a reader that fails to read ends the job on every
-// rank (ESRCH: the writer died; EFAULT: the writer passed memory its
+// bound, a gather's to 512 KiB), the job is not oversubscribed (except for
+// scatter) and every rank can read every other's memory with process_vm_readv
+// (cma.hpp; probed once per communicator, SHMRING_CMA=0 says no), the data
+// rounds give way to one round with no copy into shared memory: each rank
+// publishes in its descriptor (`cma`) whether it can read the others and the
+// address of its data; after the announcement the readers copy their blocks
+// straight from the writers' buffers, then publish `taken` for round 0; a
+// writer returns once its readers have (its buffer must not change before).
+// MPI's vader transport does the same for large messages; each byte moves
+// once instead of twice. A writer that expects the round leaves its block out
+// of round 0 and says so (the kCmaNoInline flag); when the round does not
+// happen after all (another rank cannot read), the data rounds carry every
+// block, even small ones. Errors: a reader that fails to read ends the job on
+// every rank (ESRCH: the writer died; EFAULT: the writer passed memory its
 // process cannot read).
 //
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
@@ -550,11 +550,19 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
 //   slots is the faster copy once the writers' rounds overlap it).
 // Every rank publishes which case it is in (kCmaLarge: SHMRING_CMA_LARGE,
 // or measured once per process, cma.hpp kCmaLargeMaxRatio) and the larger
-// bounds apply only when every rank does. Not when ranks share CPUs (a
-// reader that runs where its writer did finds the data in cache through
-// the slots). Every input is the same on every rank (the descriptors, the
-// kind, `largest`, the job's oversubscription), so every rank takes the
-// same path.
+// bounds apply only when every rank does. When ranks share CPUs, only for
+// scatter: elsewhere a reader that runs where its writer did finds the data
+// in cache through the slots, but a scatter's root alone copies every block
+// into them (N=4 on the 2 CPUs, scatter of 256 KiB and 2 MiB: 22.5-23.9
+// and 164 us through the slots, 8.2-9.9 and 64-71 in one copy, Open MPI
+// 11.4-13.4 and 118; alltoall, gather and allgatherv were as often slower
+// as faster in one copy). Every input is the same on every rank (the
+// descriptors, the kind, `largest`, the job's oversubscription), so every
+// rank takes the same path.
+bool single_copy_shared_cpus(const Communicator::Impl& c) {
+  return !c.config.oversubscribed || c.current->kind == CollectiveKind::scatter;
+}
+
 std::size_t single_copy_min(bool large) {
   return large ? 8 * 1024 : 64 * 1024;
 }
@@ -565,7 +573,7 @@ std::size_t single_copy_max(CollectiveKind kind, bool large) {
 }
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
-  if (largest < single_copy_min(true) || c.config.oversubscribed) return false;
+  if (largest < single_copy_min(true) || !single_copy_shared_cpus(c)) return false;
   bool large = true;
   for (int q = 0; q < c.size; ++q) {
     const std::uint64_t word = desc_of(c, q).cma.load(std::memory_order_relaxed);
@@ -580,7 +588,7 @@ bool single_copy(Communicator::Impl& c, std::size_t largest) {
 // nothing); when the round does not happen (a peer cannot read), the data
 // rounds carry the blocks instead of round 0.
 bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
-  return local_largest >= single_copy_min(c.cma_large == 1) && !c.config.oversubscribed &&
+  return local_largest >= single_copy_min(c.cma_large == 1) && single_copy_shared_cpus(c) &&
          cma_capable(c);
 }
 
