@@ -145,7 +145,7 @@ TEST_CASE("allgather and alltoall that fit one line against ones that do not, an
           else
             c.alltoall(x.data(), y.data(), 1, DataType::float32);
         },
-        "all");
+        "alltoall(count=1");
   }
 }
 
