@@ -6,10 +6,10 @@
 // collective c uses line c mod 2. A line holds a sequence number (`seq` =
 // c + 1), the descriptor (count, kind, datatype, operator, algorithm, root)
 // and the data: 40 bytes of it in the same 64-byte cache line as `seq`, the
-// rest in the next one (the pair of a 128-byte block, which the x86
-// adjacent-line prefetcher fetches together; N=2 on the Intel VM of
-// bench/README.md's eighth session, 64 bytes took 0.20-0.29 us this way
-// against 0.33-0.45 on the direct and staged paths).
+// rest in the next one, the other half of its 128-byte block (x86's
+// adjacent-line prefetcher may fetch the two together; N=2 on the Intel VM
+// of bench/README.md's eighth session, 64 bytes took 0.20-0.29 us this way
+// against 0.33-0.45 on the direct and staged paths, 8 bytes 0.17).
 //
 // Steps of collective c, on every rank:
 //   1. Make sure line c mod 2 is free: every peer finished collective c-2.
@@ -25,7 +25,7 @@
 //      phases, as long as ours, by which time we announced.
 //   3. For each peer, poll its line until `seq` = c + 1 (acquire): the poll
 //      that succeeds brings descriptor and data with it, one cache-line
-//      transfer per peer, or a pair fetched together past 40 bytes (the
+//      transfer per peer, or two past 40 bytes (the
 //      direct path moves three in a row: announced, descriptor entry,
 //      data). Compare the descriptor, then reduce the N lines in rank order
 //      0..N-1 (bitwise the same on every rank, float16 and bfloat16 in
