@@ -25,11 +25,12 @@
 //      phases, as long as ours, by which time we announced.
 //   3. For each peer, poll its line until `seq` = c + 1 (acquire): the poll
 //      that succeeds brings descriptor and data with it, one cache-line
-//      transfer per peer, or two past 40 bytes (the direct path moves
-//      three in a row: announced, descriptor entry, data). Compare the descriptor, then reduce the N lines in rank order
-//      0..N-1 (bitwise the same on every rank, float16 and bfloat16 in
-//      float64 and rounded once, as the direct path), or copy the blocks
-//      out (allgather, allgatherv, alltoall).
+//      transfer per peer, or two past 40 bytes (the direct path moves three
+//      in a row: announced, descriptor entry, data). Compare the descriptor,
+//      then reduce the N lines in rank order 0..N-1 (bitwise the same on
+//      every rank, float16 and bfloat16 in float64 and rounded once, as the
+//      direct path), or copy the blocks out (allgather, allgatherv,
+//      alltoall).
 // A wait that does not succeed within the spin phase falls back to waiting
 // on the peer's `announced` counter (yield, futex sleep, peer death, abort
 // and deadline checks of wait_counter). A peer that announced collective c
