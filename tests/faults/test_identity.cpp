@@ -10,8 +10,11 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <atomic>
 #include <filesystem>
+#include <new>
 #include <span>
 #include <thread>
 
@@ -243,10 +246,21 @@ TEST_CASE("a live rank 0's segment is never seen by name without its lock (no fa
   const std::string job = test::unique_job_id("race");
   const std::string path = shm_path(job);
   const std::string name = detail::segment_name(job, detail::host_hash());
-  std::atomic<bool> stop{false};
-  int seen = 0, unlocked = 0;
-  std::thread watcher([&] {
-    while (!stop) {
+  // The watcher is a process of its own, not a thread: this process forks
+  // the ranks below, and a fork while another thread of it is busy in
+  // system calls can leave the child stuck on a lock that thread held (seen
+  // once under qemu-user: a child that never returned from the constructor).
+  struct Board {
+    std::atomic<int> stop, seen, unlocked;
+  };
+  void* mem =
+      mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  auto* board = new (mem) Board{};
+  const pid_t watcher = fork();
+  REQUIRE(watcher >= 0);
+  if (watcher == 0) {
+    while (!board->stop.load()) {
       int fd = shm_open(name.c_str(), O_RDONLY, 0);
       if (fd < 0) continue;
       struct flock fl {};
@@ -256,12 +270,13 @@ TEST_CASE("a live rank 0's segment is never seen by name without its lock (no fa
       fl.l_len = 1;
       struct stat st {};
       if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fstat(fd, &st) == 0) {
-        ++seen;
-        if (fl.l_type == F_UNLCK && st.st_nlink > 0) ++unlocked;
+        board->seen.fetch_add(1);
+        if (fl.l_type == F_UNLCK && st.st_nlink > 0) board->unlocked.fetch_add(1);
       }
       close(fd);
     }
-  });
+    _exit(0);
+  }
   for (int i = 0; i < 20; ++i) {
     auto status = test::run_processes(1, [&](int) {
       try {
@@ -276,8 +291,12 @@ TEST_CASE("a live rank 0's segment is never seen by name without its lock (no fa
     });
     CHECK(status[0] == 0);
   }
-  stop = true;
-  watcher.join();
+  board->stop.store(1);
+  int ws = 0;
+  CHECK(waitpid(watcher, &ws, 0) == watcher);
+  CHECK((WIFEXITED(ws) && WEXITSTATUS(ws) == 0));
+  const int seen = board->seen.load(), unlocked = board->unlocked.load();
+  munmap(mem, sizeof(Board));
   MESSAGE("watcher saw the segment " << seen << " times");
   CHECK(unlocked == 0);
   CHECK_FALSE(fs::exists(path));
