@@ -123,6 +123,10 @@ struct Communicator::Impl {
   // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
   // off).
   int cma_large = -1;
+  // This process registered for the asymmetric fence (wait.hpp): publish()
+  // needs no fence. False until the constructor registers, and where the
+  // kernel refuses or SHMRING_MEMBARRIER=0.
+  bool light_publish = false;
   // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
   std::size_t cma_min_bytes = 64 * 1024;
   // Whether this rank can read every peer's memory (staged.cpp
@@ -189,6 +193,10 @@ struct Communicator::Impl {
   /// does not succeed at once first makes sure we do not sit on `peer`'s
   /// CPU (placement.hpp).
   void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
+  /// Publishes a counter of this rank's (wait.hpp publish()).
+  void publish(detail::Counter& counter, std::uint64_t v) {
+    detail::publish(counter, v, light_publish);
+  }
   /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
   /// CPU of the job if it can. Returns false when we stay on peer's CPU.
   bool keep_off_cpu_of(int peer);

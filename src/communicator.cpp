@@ -201,7 +201,7 @@ std::byte* Communicator::Impl::acquire_send_slot() {
 }
 
 void Communicator::Impl::publish_send() {
-  detail::publish(my_area().produced, ++sent);
+  publish(my_area().produced, ++sent);
 }
 
 const std::byte* Communicator::Impl::wait_recv_slot() {
@@ -216,7 +216,7 @@ const std::byte* Communicator::Impl::wait_recv_slot() {
 }
 
 void Communicator::Impl::release_recv() {
-  detail::publish(my_area().consumed, ++recvd);
+  publish(my_area().consumed, ++recvd);
 }
 
 Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload) const {
@@ -315,7 +315,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
 }
 
 void Communicator::Impl::announce() {
-  detail::publish(my_area().announced, collectives + 1);
+  publish(my_area().announced, collectives + 1);
 }
 
 void Communicator::Impl::wait_announced(int peer) {
@@ -411,7 +411,7 @@ void Communicator::Impl::end() {
         collectives >= detail::kEagerEntries ? collectives - detail::kEagerEntries + 1 : 0,
         eager_ring_call ? 0 : collectives);
   eager_ring_call = false;
-  if (size > 1) detail::publish(my_area().done, collectives + 1);
+  if (size > 1) publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);
   current.reset();
@@ -569,6 +569,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus());
+  c.light_publish = detail::register_asymmetric_fence();
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
   c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
   if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);
@@ -586,7 +587,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
       "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
       "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
       "yield={}us nt_stores={} ({}) migrate={} job_cpus={} cma={} cma_large={} (copy ratio "
-      "{}){}",
+      "{}) membarrier={}{}",
       SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
       cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
       cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
@@ -595,7 +596,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
                                            : "never",
       detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.cma_mode, c.cma_large,
       cma_ratio > 0 ? fmt::format("{:.2f}", cma_ratio) : std::string("not measured"),
-      cfg.oversubscribed ? " (oversubscribed)" : "");
+      c.light_publish ? 1 : 0, cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() {

@@ -154,7 +154,7 @@ void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std
     c.copy(c.seg->direct(c.rank, c.collectives % detail::kDirectBuffers) + mine.begin * es,
            out + mine.begin * es, mine.count * es);
   }
-  detail::publish(c.my_area().reduced, c.collectives + 1);
+  c.publish(c.my_area().reduced, c.collectives + 1);
   for (int k = 1; k < c.size; ++k) {
     const int q = (c.rank + k) % c.size;  // start at different peers: spread the reads
     const detail::Range theirs = detail::chunk_range(count, c.size, q);

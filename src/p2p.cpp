@@ -114,8 +114,10 @@
 // word or the wake. Either way r never sleeps through a posted header. The
 // sender pays a compiler barrier only; the sleeper pays the IPIs, once per
 // sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its
-// registration is refused (old kernel, seccomp), s executes a seq_cst fence between S and L instead
-// (the symmetric form of the same argument, as wait.hpp).
+// registration is refused (old kernel, seccomp; SHMRING_MEMBARRIER=0), s executes a seq_cst fence
+// between S and L instead (the symmetric form of the same argument). The collectives' counters use
+// the same fence (wait.hpp, register_asymmetric_fence()), registered once per P2p and communicator:
+// registration belongs to the process image, and a forked child is not registered.
 //
 // Waits: a blocking caller spins only when its peer does not run on its CPU
 // (and never when oversubscribed), then yields, then sleeps on its doorbell;
@@ -126,7 +128,6 @@
 #include "p2p.hpp"
 
 #include <fmt/format.h>
-#include <linux/membarrier.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -157,26 +158,6 @@ namespace detail {
 namespace {
 constexpr std::uint64_t kNoMsg = std::numeric_limits<std::uint64_t>::max();
 constexpr std::size_t kRememberBuffered = 64;  // per peer, for mismatch messages
-
-// The asymmetric fence of the header comment: senders of headers pay a
-// compiler barrier; a rank about to sleep runs membarrier, which makes every
-// registered rank's running threads execute a full barrier.
-// Registration is per process image (a forked child is not registered), so
-// every P2p asks again. SHMRING_P2P_MEMBARRIER=0 makes this rank's senders
-// fence instead (tests of the fallback); sleepers always try membarrier.
-bool register_asymmetric_fence() {
-  if (env_int("SHMRING_P2P_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
-  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
-  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
-}
-
-// Before a futex sleep, after incrementing `waiters`. Where membarrier is
-// refused, no rank registered (same kernel), so every sender fences itself.
-void asymmetric_fence_heavy() {
-  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-}
 }  // namespace
 
 struct P2p::Header {

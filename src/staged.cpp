@@ -298,7 +298,7 @@ class Rounds {
           c_.wait_counter(c_.area(q).taken, base_ + k - 1, q, "a reader to finish a round");
     return buffer(c_.rank, k);
   }
-  void post(std::uint64_t k) { detail::publish(c_.my_area().posted, base_ + k + 1); }
+  void post(std::uint64_t k) { c_.publish(c_.my_area().posted, base_ + k + 1); }
   /// Writer w's buffer of round k, once w has posted it. Round 0 is read
   /// only after w's announcement (announce_and_check), which w publishes
   /// after round 0: no counter of its own to wait for.
@@ -307,7 +307,7 @@ class Rounds {
     if (k > 0) c_.wait_counter(c_.area(w).posted, base_ + k + 1, w, "staged data");
     return buffer(w, k);
   }
-  void taken(std::uint64_t k) { detail::publish(c_.my_area().taken, base_ + k + 1); }
+  void taken(std::uint64_t k) { c_.publish(c_.my_area().taken, base_ + k + 1); }
   /// Ends the collective after round 0 and the data rounds (the same count
   /// on every rank). A writer whose data went through its slots waits until
   /// its readers are done with them: the next ring collective rewrites them

@@ -1,11 +1,14 @@
 #include "wait.hpp"
 
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <climits>
+
+#include "config.hpp"
 
 namespace shmring::detail {
 
@@ -23,6 +26,18 @@ void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, long t
 void futex_wake_all(std::atomic<std::uint32_t>& word) {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
           0);
+}
+
+bool register_asymmetric_fence() {
+  if (env_int("SHMRING_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
+void asymmetric_fence_heavy() {
+  if (syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) != 0)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 }  // namespace shmring::detail

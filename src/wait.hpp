@@ -4,21 +4,41 @@
 // sched_yield, then sleep on a shared futex. The writer only pays for a
 // FUTEX_WAKE when a sleeper announced itself in `waiters`.
 //
-// Lost-wakeup argument: the sleeper increments `waiters`, reads `futex_gen`,
-// re-checks the counter, then sleeps only while `futex_gen` is unchanged. The
-// writer stores the counter, then reads `waiters` (both seq_cst). Either the
-// sleeper's re-check sees the new value, or the writer sees waiters > 0 and
-// bumps `futex_gen` (making FUTEX_WAIT return at once) before waking.
+// Lost-wakeup argument. The writer's store S (the counter) is followed in
+// program order by its load L (`waiters`); the sleeper's RMW W (`waiters`)
+// by a full barrier, then its load of `futex_gen` and its re-check R of the
+// counter, and it sleeps only while `futex_gen` is unchanged. If R misses
+// S, then L comes after W and sees waiters > 0, and the writer bumps
+// `futex_gen` (so FUTEX_WAIT returns at once) before waking. That needs S
+// ordered before L, which x86 and AArch64 only give with a fence. Two forms:
+//   - asymmetric (the default where the kernel allows it): every process
+//     registers for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), and the
+//     sleeper, after W, calls it: every running thread of every registered
+//     process executes a full barrier before the call returns (a thread not
+//     running got one when it was switched out). Wherever that barrier falls
+//     in the writer's program, either S is visible before R or L comes
+//     after W. The writer pays a compiler barrier; the sleeper pays the
+//     IPIs once per sleep slice, after its spin and yield phases. This is
+//     the technique of Linux's membarrier(2) page ("asymmetric fences", also
+//     liburcu's and folly's); on the 2-core Intel VM it took an 8-byte
+//     gather from 0.19 to 0.13-0.15 us and a scatter from 0.25 to 0.12-0.15
+//     (bench/README.md, ninth session): the fence stalled the writer until
+//     its store owned a line its peer polls. tests/core/test_wait.cpp runs
+//     the argument as a litmus test.
+//   - symmetric (membarrier refused: old kernel, seccomp; or
+//     SHMRING_MEMBARRIER=0): the writer's store is seq_cst (MFENCE on x86,
+//     STLR then an LDAR load on AArch64).
+// A writer decides by its own process's registration (`light`); a sleeper
+// always tries membarrier and fences itself where it is refused.
 //
 // Ordering on weakly ordered CPUs (reviewed for AArch64): every publish of a
-// sequence counter is publish() below, a seq_cst store (a release and more:
-// STLR on AArch64, a store and MFENCE on x86), so the slot or buffer
-// contents written before it are visible to whoever sees the new value.
-// Every read of a counter that gates access to shared data is an acquire
-// load (LDAR) in wait_at_least(); the seq_cst loads of the futex phase are
-// stronger still. The relaxed fields beside them (descriptor entries, cpu
-// masks, pid) are written before a release of their own and read after an
-// acquire.
+// sequence counter is publish() below, at least a release store (STLR on
+// AArch64), so the slot or buffer contents written before it are visible to
+// whoever sees the new value. Every read of a counter that gates access to
+// shared data is an acquire load (LDAR) in wait_at_least(); the seq_cst
+// loads of the futex phase are stronger still. The relaxed fields beside
+// them (descriptor entries, cpu masks, pid) are written before a release of
+// their own and read after an acquire.
 
 #include <sched.h>
 
@@ -34,6 +54,18 @@ namespace shmring::detail {
 /// change, signal or after `timeout_us`.
 void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, long timeout_us);
 void futex_wake_all(std::atomic<std::uint32_t>& word);
+
+/// Registers this process for the asymmetric fence (the header comment);
+/// true when the kernel accepted, false where membarrier is refused or
+/// SHMRING_MEMBARRIER=0. Registration belongs to the process image: call it
+/// in every process that publishes (a forked child is not registered).
+/// Cheap (one or two syscalls); thread-safe.
+bool register_asymmetric_fence();
+
+/// The sleeper's half of the asymmetric fence, after its RMW of `waiters`:
+/// membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), or a seq_cst fence where it
+/// is refused. Costs a syscall and IPIs (microseconds): sleep paths only.
+void asymmetric_fence_heavy();
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,8 +83,16 @@ inline void wake(Counter& c) {
   futex_wake_all(c.futex_gen);
 }
 
-/// Publishes a new counter value (release, and seq_cst against `waiters`).
-inline void publish(Counter& c, std::uint64_t v) {
+/// Publishes a new counter value: a release store, ordered before the load
+/// of `waiters` by the asymmetric fence when `light` (this process is
+/// registered: register_asymmetric_fence()), by a seq_cst store otherwise.
+inline void publish(Counter& c, std::uint64_t v, bool light) {
+  if (light) {
+    c.value.store(v, std::memory_order_release);
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // sleepers' membarrier fences us
+    if (c.waiters.load(std::memory_order_relaxed) != 0) wake(c);
+    return;
+  }
   c.value.store(v, std::memory_order_seq_cst);
   if (c.waiters.load(std::memory_order_seq_cst) != 0) wake(c);
 }
@@ -122,6 +162,7 @@ std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& 
   // deadline are noticed.
   for (;;) {
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
+    asymmetric_fence_heavy();
     std::uint32_t gen = c.futex_gen.load(std::memory_order_seq_cst);
     v = c.value.load(std::memory_order_seq_cst);
     if (v < target) futex_wait(c.futex_gen, gen, p.sleep_slice_us);

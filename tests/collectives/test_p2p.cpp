@@ -374,9 +374,9 @@ TEST_CASE("receivers and senders asleep at once are always woken (no spin, no yi
   setenv("SHMRING_YIELD_US", "0", 1);
   CHECK(test::all_zero(test::run_ranks(2, sleeping_ping_pong_and_bursts)));
   // Again with senders fencing themselves (no membarrier registration).
-  setenv("SHMRING_P2P_MEMBARRIER", "0", 1);
+  setenv("SHMRING_MEMBARRIER", "0", 1);
   CHECK(test::all_zero(test::run_ranks(2, sleeping_ping_pong_and_bursts)));
-  unsetenv("SHMRING_P2P_MEMBARRIER");
+  unsetenv("SHMRING_MEMBARRIER");
   unsetenv("SHMRING_SPIN_US");
   unsetenv("SHMRING_YIELD_US");
 }
