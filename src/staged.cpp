@@ -58,10 +58,11 @@
 // scatter, allgatherv). When the largest block is single_copy_min() to
 // single_copy_max() (64-256 KiB, a scatter's to 512 KiB; where
 // process_vm_readv is nearly as fast as memcpy, from 8 KiB with no upper
-// bound, a gather's to 512 KiB), the job is not oversubscribed (except for
-// scatter) and every rank can read every other's memory with process_vm_readv
-// (cma.hpp; probed once per communicator, SHMRING_CMA=0 says no), the data
-// rounds give way to one round with no copy into shared memory: each rank
+// bound, a gather's to 512 KiB; where ranks share CPUs, only scatter, and
+// alltoall from 32 KiB) and every rank can read every other's memory with
+// process_vm_readv (cma.hpp; probed once per communicator, SHMRING_CMA=0
+// says no), the data rounds give way to one round with no copy into shared
+// memory: each rank
 // publishes in its descriptor (`cma`) whether it can read the others and the
 // address of its data; after the announcement the readers copy their blocks
 // straight from the writers' buffers, then publish `taken` for round 0; a
@@ -550,21 +551,31 @@ void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, 
 //   slots is the faster copy once the writers' rounds overlap it).
 // Every rank publishes which case it is in (kCmaLarge: SHMRING_CMA_LARGE,
 // or measured once per process, cma.hpp kCmaLargeMaxRatio) and the larger
-// bounds apply only when every rank does. When ranks share CPUs, only for
-// scatter: elsewhere a reader that runs where its writer did finds the data
-// in cache through the slots, but a scatter's root alone copies every block
-// into them (N=4 on the 2 CPUs, scatter of 256 KiB and 2 MiB: 22.5-23.9
-// and 164 us through the slots, 8.2-9.9 and 64-71 in one copy, Open MPI
-// 11.4-13.4 and 118; alltoall, gather and allgatherv were as often slower
-// as faster in one copy). Every input is the same on every rank (the
+// bounds apply only when every rank does. When ranks share CPUs (N=4 on
+// the 2 CPUs): for scatter at the same bounds, whose root alone would copy
+// every block into the slots (256 KiB and 2 MiB: 22.5-23.9 and 164 us
+// through the slots, 8.2-9.9 and 64-71 in one copy, Open MPI 11.4-13.4 and
+// 118); for alltoall and alltoallv from 32 KiB blocks (total 128 KiB, 256
+// KiB, 2 MiB: 22.3-23.5, 42-56, 532-539 us through the slots, 16.1-20.6,
+// 22.8-24.2, 429-432 in one copy, Open MPI 18.0-21.8, 27.4-28.1, 510; 8 and
+// 16 KiB blocks were as often slower, 8.4-8.8 against 10.0-12.6 at 8 KiB);
+// not for gather and allgatherv, as often slower as faster in one copy
+// there (a reader that runs where its writer did finds the data in cache
+// through the slots). Every input is the same on every rank (the
 // descriptors, the kind, `largest`, the job's oversubscription), so every
 // rank takes the same path.
-bool single_copy_shared_cpus(const Communicator::Impl& c) {
-  return !c.config.oversubscribed || c.current->kind == CollectiveKind::scatter;
-}
-
-std::size_t single_copy_min(bool large) {
-  return large ? 8 * 1024 : 64 * 1024;
+std::size_t single_copy_min(const Communicator::Impl& c, bool large) {
+  const std::size_t own_cpus = large ? 8 * 1024 : 64 * 1024;
+  if (!c.config.oversubscribed) return own_cpus;
+  switch (c.current->kind) {
+    case CollectiveKind::scatter:
+      return own_cpus;
+    case CollectiveKind::alltoall:
+    case CollectiveKind::alltoallv:
+      return std::max<std::size_t>(own_cpus, 32 * 1024);
+    default:
+      return std::numeric_limits<std::size_t>::max();
+  }
 }
 
 std::size_t single_copy_max(CollectiveKind kind, bool large) {
@@ -573,14 +584,14 @@ std::size_t single_copy_max(CollectiveKind kind, bool large) {
 }
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
-  if (largest < single_copy_min(true) || !single_copy_shared_cpus(c)) return false;
+  if (largest < single_copy_min(c, true)) return false;
   bool large = true;
   for (int q = 0; q < c.size; ++q) {
     const std::uint64_t word = desc_of(c, q).cma.load(std::memory_order_relaxed);
     if ((word & detail::kCmaCapable) == 0) return false;
     large = large && (word & detail::kCmaLarge) != 0;
   }
-  return largest >= single_copy_min(large) && largest <= single_copy_max(c.current->kind, large);
+  return largest >= single_copy_min(c, large) && largest <= single_copy_max(c.current->kind, large);
 }
 
 // A writer whose block is big enough for the single-copy round, and which
@@ -588,8 +599,7 @@ bool single_copy(Communicator::Impl& c, std::size_t largest) {
 // nothing); when the round does not happen (a peer cannot read), the data
 // rounds carry the blocks instead of round 0.
 bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
-  return local_largest >= single_copy_min(c.cma_large == 1) && single_copy_shared_cpus(c) &&
-         cma_capable(c);
+  return local_largest >= single_copy_min(c, c.cma_large == 1) && cma_capable(c);
 }
 
 bool someone_left_inline_out(Communicator::Impl& c) {

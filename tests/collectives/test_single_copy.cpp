@@ -736,7 +736,7 @@ bool can_make_ranks_unreadable() {
 // SHMRING_CMA_LARGE per rank (nullptr: unset).
 std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t bytes,
                                            const char* large0 = nullptr,
-                                           const char* large1 = nullptr) {
+                                           const char* large1 = nullptr, bool shared_cpus = false) {
   return test::run_processes(
       2,
       [&](int r) {
@@ -749,9 +749,10 @@ std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t b
         o.job_id = job;
         o.timeout_s = 60;
         Communicator c(o);
-        const_cast<Config&>(c.config()).oversubscribed = false;
-        Buf s(bytes * 2, 0), d(bytes * 2, 0);
-        fill(s, r, bytes * 2, 3);
+        const_cast<Config&>(c.config()).oversubscribed = shared_cpus;
+        const std::size_t total = std::max<std::size_t>(bytes, 100000) * 2;
+        Buf s(total, 0), d(total, 0);
+        fill(s, r, total, 3);
         c.alltoall(s.data(), d.data(), 100000, DataType::uint8);  // probes: readable
         expect(d.data() + (1 - r) * 100000, 1 - r, r * 100000, 100000, 3, "alltoall", 0, 0);
         if (r == 1) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -836,7 +837,8 @@ TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 
           const_cast<Config&>(c.config()).oversubscribed = false;
           std::uint64_t salt = 1000 + 100 * n + (large[0] == '0' ? 50 : 0);
           for (const Case& k : big) {
-            one_case(c, k, salt % 2 == 0, ++salt);
+            ++salt;
+            one_case(c, k, salt % 2 == 0, salt);
             interleave(c, salt, static_cast<int>(salt));
           }
         },
@@ -857,6 +859,22 @@ TEST_CASE("single copy of large blocks: taken only when every rank says so") {
     CHECK(st[0] == 0);
     CHECK(st[1] == 0);
   }
+}
+
+TEST_CASE("single copy where ranks share CPUs: alltoall from 32 KiB blocks, not below") {
+  if (!can_make_ranks_unreadable()) return;
+  // The job marked oversubscribed on both ranks (white-box, as above):
+  // blocks of 32 KiB and 1 MiB take the round, which the unreadable rank
+  // fails; 16 KiB blocks keep round 0 and arrive.
+  for (std::size_t bytes : {std::size_t{32} << 10, std::size_t{1} << 20}) {
+    INFO("bytes ", bytes);
+    auto st = alltoall_after_unreadable(test::unique_job_id("cmashared"), bytes, "1", "1", true);
+    CHECK(st[0] == 42);
+    CHECK(st[1] == 42);
+  }
+  auto st = alltoall_after_unreadable(test::unique_job_id("cmashared"), 16 << 10, "1", "1", true);
+  CHECK(st[0] == 0);
+  CHECK(st[1] == 0);
 }
 
 TEST_CASE("single copy: mismatched calls around the round's range fail every rank") {
