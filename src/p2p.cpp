@@ -83,7 +83,7 @@
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
 // channels of 1 KiB (four 128-B lines of counters and verdicts, 8 headers of
 // 64 B), N x 128 KiB of staging and N x 64 KiB of outboxes: N=8: 1.6 MiB;
-// N=64: 16 MiB (of 89.1 MiB in all); N=256: 112 MiB (of 404 MiB: the
+// N=64: 16 MiB (of 89.6 MiB in all); N=256: 112 MiB (of 406 MiB: the
 // collective slots are 1.1 MiB a rank by default).
 //
 // Doorbells and lost wake-ups. Verdicts, slices, `active` and freed entries

@@ -76,7 +76,7 @@
 // process cannot read).
 //
 // Exception: gather and scatter whose blocks fit round 0 do not run rounds;
-// they go eager: only the rank that reads waits. Blocks of at most 232 bytes
+// they go eager: only the rank that reads waits. Blocks of at most 488 bytes
 // (kEagerBytes) go through the eager rings below and may run up to 32
 // collectives ahead; bigger ones through the direct buffers (gather_eager,
 // scatter_eager), one collective ahead (mismatches surface by the next
@@ -84,9 +84,9 @@
 //
 // Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
 // ring of E = kEagerEntries (32) entries in the segment (layout.hpp), each
-// of max(1, N-1) blocks of 4 64-byte lines (the first line: seq,
-// descriptor, 40 data bytes, as the low-latency line; the others 192 more
-// data bytes: blocks of up to 232 bytes); collective c uses entry c mod E.
+// of max(1, N-1) blocks of 8 64-byte lines (the first line: seq,
+// descriptor, 40 data bytes, as the low-latency line; the others 448 more
+// data bytes: blocks of up to 488 bytes); collective c uses entry c mod E.
 // The writer (a gather's non-root, a scatter's root) fills its block(s) (a
 // gather block 0, a scatter the block lane_index(root, reader) of each
 // reader), stores seq = c+1 last (release), announces and returns. The reader (the
@@ -104,10 +104,10 @@
 // reading side waits: writers run up to E collectives ahead of their
 // readers, and a reader that falls behind finds its lines ready and takes
 // them in a batch (MPI's eager sends queue at the receiver the same way).
-//   Scatter rings need N-1 blocks per entry: N * E * (N-1) * 256 bytes in
-// all (N=16: 1.9 MiB), so they stop at N = kEagerScatterMaxRanks (16); past
-// it a small scatter takes the direct buffers (scatter_eager) and the region
-// keeps one block per entry for gathers (N=64: 512 KiB, N=256: 2 MiB).
+//   Scatter rings need N-1 blocks per entry: N * E * (N-1) * 512 bytes in
+// all (N=16: 3.75 MiB), so they stop at N = kEagerScatterMaxRanks (16);
+// past it a small scatter takes the direct buffers (scatter_eager) and the
+// region keeps one block per entry for gathers (N=64: 1 MiB, N=256: 4 MiB).
 //   E: 32 entries measured faster than 16 and 8 for back-to-back gathers
 // and scatters at N=4 on the 2-core VM (loaded; to be re-measured), while
 // E + K stays below kDescRing; a larger E only delays a writer's mismatch

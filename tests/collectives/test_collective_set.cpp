@@ -29,7 +29,7 @@ using test::run_ranks;
 namespace {
 
 const std::vector<int> kSizes = {1, 2, 3, 5, 8};
-// Eager gathers and scatters of blocks up to 232 bytes may run this many
+// Eager gathers and scatters of blocks up to 488 bytes may run this many
 // collectives ahead (src/layout.hpp kEagerEntries): a rank that left one
 // early hears of a disagreement within that many later calls.
 constexpr int kRunAhead = 32;
@@ -792,12 +792,12 @@ TEST_CASE(
   unsetenv("SHMRING_ALGO");
 }
 
-// ---- Eager rings: small gathers and scatters (blocks of at most 232 bytes)
+// ---- Eager rings: small gathers and scatters (blocks of at most 488 bytes)
 // whose non-reading side runs up to kRunAhead collectives ahead.
 
 TEST_CASE("eager rings: thousands of small gathers and scatters, every root, interleaved") {
-  // Blocks of 0..40 bytes (one line of the eager rings), 44..232 (a block's
-  // further lines) and 236..280 bytes (the direct buffers' eager path)
+  // Blocks of 0..40 bytes (one line of the eager rings), 44..488 (a block's
+  // further lines) and 492..520 bytes (the direct buffers' eager path)
   // interleave with low-latency and direct allreduces,
   // barriers, small alltoalls, staged big gathers and the non-blocking
   // forms, so ring entries, direct buffers and slots are reused while
@@ -812,9 +812,9 @@ TEST_CASE("eager rings: thousands of small gathers and scatters, every root, int
           for (int it = 0; it < iters; ++it) {
             // Phases of a fixed root, then a root rotating every call.
             const int root = (it / 200) % 2 ? it % n : (it / 400) % n;
-            const std::size_t k = it % 7 == 0 ? static_cast<std::size_t>(11 + it % 60)
-                                              : static_cast<std::size_t>(it % 11);  // 0..70
-            const std::size_t base = static_cast<std::size_t>(it) * 64;
+            const std::size_t k = it % 7 == 0 ? static_cast<std::size_t>(11 + it % 120)
+                                              : static_cast<std::size_t>(it % 11);  // 0..130
+            const std::size_t base = static_cast<std::size_t>(it) * 2048;
             std::vector<std::int32_t> a(k), g(k * n, -1), s(k, -1), all(k * n);
             for (std::size_t i = 0; i < k; ++i) a[i] = val(me, base + i);
             for (std::size_t i = 0; i < all.size(); ++i) all[i] = val(me, base + i);

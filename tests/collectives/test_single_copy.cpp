@@ -574,7 +574,7 @@ void random_stream(Communicator& c) {
     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
     return rng >> 33;
   };
-  const std::size_t sizes[] = {100, 232, 4000, 60000, 65536, 65537, 200000, 262144, 300000};
+  const std::size_t sizes[] = {100, 488, 4000, 60000, 65536, 65537, 200000, 262144, 300000};
   for (int it = 0; it < 300; ++it) {
     const std::size_t bytes = sizes[next() % 9];
     const int root = static_cast<int>(next() % n);
