@@ -57,7 +57,7 @@ inline constexpr std::size_t kMaxSlots = 62;
 /// 8 lines a block rather than 4 (ninth session, N=2, 2-core Intel VM):
 /// gathers and scatters of 256-byte blocks took 0.19 and 0.22 us a call
 /// instead of 0.24-0.27 and 0.29-0.35 through the direct buffers (Open MPI
-/// 0.15-0.17), for twice the region (1 MiB more at N=256).
+/// 0.15-0.17), for twice the region (2 MiB more at N=256).
 inline constexpr std::size_t kEagerEntries = 32;
 inline constexpr std::size_t kEagerBlockLines = 8;
 inline constexpr std::size_t kEagerLineBytes = 40;

@@ -62,11 +62,11 @@
 // alltoall from 32 KiB) and every rank can read every other's memory with
 // process_vm_readv (cma.hpp; probed once per communicator, SHMRING_CMA=0
 // says no), the data rounds give way to one round with no copy into shared
-// memory: each rank
-// publishes in its descriptor (`cma`) whether it can read the others and the
-// address of its data; after the announcement the readers copy their blocks
-// straight from the writers' buffers, then publish `taken` for round 0; a
-// writer returns once its readers have (its buffer must not change before).
+// memory: each rank publishes in its descriptor (`cma`) whether it can read
+// the others and the address of its data; after the announcement the
+// readers copy their blocks straight from the writers' buffers, then
+// publish `taken` for round 0; a writer returns once its readers have (its
+// buffer must not change before).
 // MPI's vader transport does the same for large messages; each byte moves
 // once instead of twice. A writer that expects the round leaves its block out
 // of round 0 and says so (the kCmaNoInline flag); when the round does not
