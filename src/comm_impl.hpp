@@ -123,9 +123,10 @@ struct Communicator::Impl {
   // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
   // off).
   int cma_large = -1;
-  // This process registered for the asymmetric fence (wait.hpp): publish()
-  // needs no fence. False until the constructor registers, and where the
-  // kernel refuses or SHMRING_MEMBARRIER=0.
+  // Every rank registered for the asymmetric fence (wait.hpp,
+  // Config::asymmetric_fence): publish() needs no fence. False until the
+  // constructor has seen every rank attach, and where any rank's kernel
+  // refused or SHMRING_MEMBARRIER=0.
   bool light_publish = false;
   // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
   std::size_t cma_min_bytes = 64 * 1024;

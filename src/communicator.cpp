@@ -569,7 +569,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus());
-  c.light_publish = detail::register_asymmetric_fence();
+  cfg.asymmetric_fence = c.seg->all_asymmetric_fence();
+  c.light_publish = cfg.asymmetric_fence;
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);
   c.wait_policy.yield_ns = static_cast<std::int64_t>(cfg.yield_us * 1000);
   if (cfg.threads > 1) c.arena = std::make_unique<tbb::task_arena>(cfg.threads);

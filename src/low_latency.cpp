@@ -18,7 +18,8 @@
 //      so back-to-back small calls never read a peer's `done` counter.
 //      Otherwise wait for the `done` counters as the direct path does.
 //   2. Write descriptor and data into the line, then `seq` (release). The
-//      `announced` counter (seq_cst: it carries sleepers and slow checks)
+//      `announced` counter (publish(): it carries sleepers and slow checks,
+//      and without the asymmetric fence of wait.hpp it is a seq_cst store)
 //      follows when a wait of ours leaves its spin phase, or at the end: a
 //      fence right after the line would stall until every peer's polled copy
 //      of it is invalidated. A peer sleeps only after its spin (and yield)
@@ -123,7 +124,7 @@ detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, st
   line.root.store(d.root, std::memory_order_relaxed);
   if (bytes > 0) std::memcpy(line.data, data, bytes);
   // A release store only: no fence waits here for the peers' copies of the
-  // line to be invalidated. `announced` (seq_cst, the sleepers' counter)
+  // line to be invalidated. `announced` (publish(), the sleepers' counter)
   // follows once we leave a spin or finish (wait_all_lines).
   line.seq.store(c.collectives + 1, std::memory_order_release);
   c.low_latency_announced = false;

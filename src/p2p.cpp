@@ -98,8 +98,8 @@
 // next entry of every peer (and its doorbell) in its spin and yield phases,
 // so it needs no ring there. Before a futex sleep r increments `waiters`
 // (seq_cst RMW), then runs an asymmetric fence, membarrier(
-// MEMBARRIER_CMD_GLOBAL_EXPEDITED) -- every rank registered for it when its
-// P2p was made, so that every thread of every rank executes a full barrier
+// MEMBARRIER_CMD_GLOBAL_EXPEDITED) -- every rank registered for it when it
+// attached to the segment, so that every thread of every rank executes a full barrier
 // (or is not running) between the call's entry and return -- then reads
 // `futex_gen`, re-checks every watched `seq` and the doorbell, and sleeps
 // only while `futex_gen` is unchanged. Lost-wakeup argument, for s's store
@@ -114,10 +114,10 @@
 // word or the wake. Either way r never sleeps through a posted header. The
 // sender pays a compiler barrier only; the sleeper pays the IPIs, once per
 // sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its
-// registration is refused (old kernel, seccomp; SHMRING_MEMBARRIER=0), s executes a seq_cst fence
-// between S and L instead (the symmetric form of the same argument). The collectives' counters use
-// the same fence (wait.hpp, register_asymmetric_fence()), registered once per P2p and communicator:
-// registration belongs to the process image, and a forked child is not registered.
+// registration is refused to any rank (old kernel, seccomp, which is per process;
+// SHMRING_MEMBARRIER=0), every s executes a seq_cst fence between S and L instead (the symmetric
+// form of the same argument). The collectives' counters use the same fence and the same job-wide
+// choice (wait.hpp, Config::asymmetric_fence).
 //
 // Waits: a blocking caller spins only when its peer does not run on its CPU
 // (and never when oversubscribed), then yields, then sleeps on its doorbell;
@@ -242,7 +242,7 @@ P2p::P2p(Communicator::Impl& c)
       cma_min_bytes_(c.cma_min_bytes),  // PR_SET_PTRACER set) by the constructor
       fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
-  light_ring_ = register_asymmetric_fence();
+  light_ring_ = c.light_publish;  // every rank registered (wait.hpp)
 }
 
 P2p::~P2p() {

@@ -324,8 +324,10 @@ std::int64_t linked_ctime_ns(int fd) {
   return std::int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec;
 }
 
-// This process's affinity mask into `info.cpus` (all CPUs if unreadable).
+// This process's affinity mask into `info.cpus` (all CPUs if unreadable),
+// and whether it can take part in the asymmetric fence (wait.hpp).
 void publish_cpus(RankInfo& info) {
+  info.asymmetric_fence.store(register_asymmetric_fence() ? 1 : 0, std::memory_order_relaxed);
   info.cpu.store(-1, std::memory_order_relaxed);  // not known until its first wait
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -820,6 +822,12 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   std::uint32_t now_attached = seg->header_->attached.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (now_attached == static_cast<std::uint32_t>(req.world_size)) seg->unlink_name();
   return seg;
+}
+
+bool Segment::all_asymmetric_fence() {
+  for (int r = 0; r < world_size_; ++r)
+    if (rank_area(r).info.asymmetric_fence.load(std::memory_order_relaxed) == 0) return false;
+  return true;
 }
 
 int Segment::job_cpus() {

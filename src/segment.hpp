@@ -47,6 +47,10 @@ class Segment {
   void wait_all_attached(std::chrono::steady_clock::time_point deadline);
   /// CPUs in the union of every rank's affinity mask (after wait_all_attached).
   int job_cpus();
+  /// Whether every rank registered for the asymmetric fence (wait.hpp), so
+  /// that counters may be published without a fence (after
+  /// wait_all_attached).
+  bool all_asymmetric_fence();
 
   Header& header() { return *header_; }
   RankArea& rank_area(int r) {

@@ -32,7 +32,8 @@ bool register_asymmetric_fence() {
   if (env_int("SHMRING_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
   const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
-  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 &&
+         syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0;
 }
 
 void asymmetric_fence_heavy() {

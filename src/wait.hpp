@@ -28,8 +28,9 @@
 //   - symmetric (membarrier refused: old kernel, seccomp; or
 //     SHMRING_MEMBARRIER=0): the writer's store is seq_cst (MFENCE on x86,
 //     STLR then an LDAR load on AArch64).
-// A writer decides by its own process's registration (`light`); a sleeper
-// always tries membarrier and fences itself where it is refused.
+// Writers go light only when every rank of the job registered and could
+// call membarrier (Config::asymmetric_fence); a sleeper always tries
+// membarrier and fences itself where it is refused.
 //
 // Ordering on weakly ordered CPUs (reviewed for AArch64): every publish of a
 // sequence counter is publish() below, at least a release store (STLR on
@@ -56,10 +57,14 @@ void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, long t
 void futex_wake_all(std::atomic<std::uint32_t>& word);
 
 /// Registers this process for the asymmetric fence (the header comment);
-/// true when the kernel accepted, false where membarrier is refused or
-/// SHMRING_MEMBARRIER=0. Registration belongs to the process image: call it
-/// in every process that publishes (a forked child is not registered).
-/// Cheap (one or two syscalls); thread-safe.
+/// true when the kernel accepted and a first membarrier call succeeded,
+/// false where membarrier is refused or SHMRING_MEMBARRIER=0. Registration
+/// belongs to the process image: call it in every process that publishes (a
+/// forked child is not registered). Each rank publishes the result
+/// (RankInfo::asymmetric_fence), and writers go light only when every
+/// rank's is true: a rank whose membarrier is refused (seccomp is per
+/// process) could not fence a registered writer when it sleeps. Cheap (a
+/// few syscalls); thread-safe.
 bool register_asymmetric_fence();
 
 /// The sleeper's half of the asymmetric fence, after its RMW of `waiters`:
@@ -84,8 +89,8 @@ inline void wake(Counter& c) {
 }
 
 /// Publishes a new counter value: a release store, ordered before the load
-/// of `waiters` by the asymmetric fence when `light` (this process is
-/// registered: register_asymmetric_fence()), by a seq_cst store otherwise.
+/// of `waiters` by the asymmetric fence when `light` (every rank registered:
+/// Config::asymmetric_fence), by a seq_cst store otherwise.
 inline void publish(Counter& c, std::uint64_t v, bool light) {
   if (light) {
     c.value.store(v, std::memory_order_release);

@@ -60,10 +60,15 @@ struct Config {
   /// while the awaited rank runs on another CPU (and ranks <= CPUs) a wait
   /// spins through it instead: yielding would not help that rank.
   double yield_us = 0;
-  std::size_t direct_bytes = 0;    ///< Largest per-rank message of the direct (small) path.
-  int job_cpus = 0;                ///< CPUs the ranks' affinity masks cover together.
-  bool oversubscribed = false;     ///< More ranks than job_cpus: waits do not spin.
-  std::string algorithm = "auto";  ///< SHMRING_ALGO: auto, ring, direct or two_shot.
+  std::size_t direct_bytes = 0;  ///< Largest per-rank message of the direct (small) path.
+  int job_cpus = 0;              ///< CPUs the ranks' affinity masks cover together.
+  bool oversubscribed = false;   ///< More ranks than job_cpus: waits do not spin.
+  /// Every rank registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
+  /// (none set SHMRING_MEMBARRIER=0, no kernel or seccomp refused): ranks
+  /// publish their counters without a fence and a rank about to sleep
+  /// fences for everyone (src/wait.hpp, after Linux's membarrier(2)).
+  bool asymmetric_fence = false;
+  std::string algorithm = "auto";            ///< SHMRING_ALGO: auto, ring, direct or two_shot.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.
   /// SHMRING_MIGRATE: a rank whose wait finds the awaited peer on its own CPU
   /// moves to a CPU of its mask that no rank occupies (default on).
@@ -220,7 +225,7 @@ class SHMRING_API Communicator {
   /// elsewhere. In place at the root when send == recv + root*count. A
   /// small gather is eager: a non-root returns once its block is deposited,
   /// and learns of a disagreement (root, count) at its next call at the
-  /// latest, or within 32 calls for blocks of at most 232 bytes (those may
+  /// latest, or within 32 calls for blocks of at most 488 bytes (those may
   /// run up to 32 gathers ahead of the root).
   void gather(const void* send, void* recv, std::size_t count, DataType dtype, int root);
 
@@ -229,7 +234,7 @@ class SHMRING_API Communicator {
   /// at the root when recv == send + root*count. A small scatter's root
   /// returns once the blocks are deposited and learns of a disagreement at
   /// its next call at the latest, or within 32 calls for blocks of at most
-  /// 232 bytes at size() <= 16 (those may run up to 32 scatters ahead).
+  /// 488 bytes at size() <= 16 (those may run up to 32 scatters ahead).
   void scatter(const void* send, void* recv, std::size_t count, DataType dtype, int root);
 
   /// Allgatherv (MPI_Allgatherv): every rank's `send` (send_count elements,

@@ -975,6 +975,7 @@ py::dict config_dict(const Config& c) {
                                                       : "0";
   d["job_cpus"] = c.job_cpus;
   d["oversubscribed"] = c.oversubscribed;
+  d["asymmetric_fence"] = c.asymmetric_fence;
   d["segment_name"] = c.segment_name;
   d["segment_bytes"] = c.segment_bytes;
   d["progress_cpu"] = c.progress_cpu;

@@ -4,6 +4,8 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
 
 #include <sched.h>
 #include <sys/stat.h>
@@ -301,6 +303,30 @@ TEST_CASE("the job's CPUs are the union of every rank's affinity mask") {
                           static_cast<int>(c.oversubscribed));
       SHMRING_CHILD_CHECK(c.threads == 1, "rank %d: threads %d", r, c.threads);
       SHMRING_CHILD_CHECK((c.spin_us == 0) == same_cpu, "rank %d: spin %g", r, c.spin_us);
+      int x = r + 1;
+      comm.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(x == 3, "x=%d", x);
+    });
+    CHECK(test::all_zero(status));
+  }
+}
+
+TEST_CASE("counters publish without a fence only when every rank registered for membarrier") {
+  // Config::asymmetric_fence: on where the kernel offers
+  // MEMBARRIER_CMD_GLOBAL_EXPEDITED and no rank opted out; one rank with
+  // SHMRING_MEMBARRIER=0 (as one whose seccomp filter refuses membarrier)
+  // turns it off on every rank, since its sleeps could not fence the others.
+  const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  const bool kernel = cmds >= 0 && (cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0;
+  for (int opt_out : {-1, 0, 1}) {
+    INFO("rank opting out: ", opt_out);
+    const std::string job = test::unique_job_id("fence");
+    auto status = test::run_processes(2, [&](int r) {
+      if (r == opt_out) setenv("SHMRING_MEMBARRIER", "0", 1);
+      Communicator comm(r, 2, job);
+      const bool want = kernel && opt_out < 0;
+      SHMRING_CHILD_CHECK(comm.config().asymmetric_fence == want, "rank %d: asymmetric_fence %d", r,
+                          static_cast<int>(comm.config().asymmetric_fence));
       int x = r + 1;
       comm.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
       SHMRING_CHILD_CHECK(x == 3, "x=%d", x);
