@@ -75,12 +75,12 @@
 // every rank (ESRCH: the writer died; EFAULT: the writer passed memory its
 // process cannot read).
 //
-// Exception: gather and scatter whose blocks fit round 0 do not run rounds;
-// they go eager: only the rank that reads waits. Blocks of at most 488 bytes
-// (kEagerBytes) go through the eager rings below and may run up to 32
-// collectives ahead; bigger ones through the direct buffers (gather_eager,
-// scatter_eager), one collective ahead (mismatches surface by the next
-// call at the latest there).
+// Exception: gather and scatter whose blocks fit round 0 do not run rounds
+// (scatter only below 16 KiB blocks, 32 KiB where ranks share CPUs:
+// scatter_rounds_from()); they go eager: only the rank that reads waits. Blocks of at most 488
+// bytes (kEagerBytes) go through the eager rings below and may run up to 32 collectives ahead;
+// bigger ones through the direct buffers (gather_eager, scatter_eager), one collective ahead
+// (mismatches surface by the next call at the latest there).
 //
 // Eager rings (gather_eager_ring, scatter_eager_ring). Every rank owns a
 // ring of E = kEagerEntries (32) entries in the segment (layout.hpp), each
@@ -581,6 +581,25 @@ std::size_t single_copy_min(const Communicator::Impl& c, bool large) {
 std::size_t single_copy_max(CollectiveKind kind, bool large) {
   if (!large) return kind == CollectiveKind::scatter ? 512 * 1024 : 256 * 1024;
   return kind == CollectiveKind::gather ? 512 * 1024 : std::numeric_limits<std::size_t>::max();
+}
+
+// Scatter blocks from this size skip the eager path for the rounds, so that
+// the single-copy round can take them: each reader copies its block out of
+// the root's buffer once, instead of the root copying every block into its
+// direct buffer and each reader copying it out again. N=2, out of place,
+// us, eager / rounds (ninth session, Intel VM): 16 KiB blocks 1.93-2.03 /
+// 1.11-1.14 in cache, 4.60-4.67 / 3.92-3.96 with -I (cache-cold buffers);
+// 32 KiB 3.59-3.75 / 1.82-1.92 and 8.48-8.72 / 7.01-7.19; but 8 KiB blocks
+// cold 2.44-2.58 / 2.91-2.97. N=4 on the 2 CPUs, 8 and 16 KiB blocks:
+// 2.99-3.03 / 4.49-5.06 and 4.82-4.85 / 5.07-5.16; 32 KiB level. Where the
+// round does not happen (SHMRING_CMA=0 somewhere, or blocks under
+// single_copy_min()), round 0 carries the block as the eager path would
+// (SHMRING_CMA_LARGE=0, N=2, 16 and 32 KiB: 1.84 / 1.91-1.94 and 3.44-3.47
+// / 3.56-3.60). Both inputs are the same on every rank. Gather keeps its
+// eager path up to the direct buffer: its rounds were faster in cache but
+// slower cold (N=2, 32 KiB blocks: 6.57-6.62 against 4.61-4.80 us).
+std::size_t scatter_rounds_from(const Communicator::Impl& c) {
+  return c.config.oversubscribed ? 32 * 1024 : 16 * 1024;
 }
 
 bool single_copy(Communicator::Impl& c, std::size_t largest) {
@@ -1275,7 +1294,7 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
     return;
   }
   Rounds r(c, n - 1);
-  if (bytes <= r.lane_inline()) {
+  if (bytes <= r.lane_inline() && bytes < scatter_rounds_from(c)) {
     copy_own();
     scatter_eager(c, in, recv, bytes, root, r.lane_inline());
     return;

@@ -827,7 +827,8 @@ TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 
       {DataType::float16, 4097, 2},    {DataType::int32, 16383, 4},
       {DataType::int8, 262145, 1},     {DataType::float16, 262143, 2},
       {DataType::int32, 131072, 0},    {DataType::int8, 524289, 3},
-      {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1}};
+      {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1},
+      {DataType::int8, 16383, 2},      {DataType::int8, 16384, 1}};  // scatter: eager / rounds
   for (auto [n, large] : {std::pair{2, "1"}, std::pair{3, "1"}, std::pair{2, "0"}}) {
     INFO("N=", n, " SHMRING_CMA_LARGE=", large);
     ScopedEnv env("SHMRING_CMA_LARGE", large);
@@ -837,6 +838,31 @@ TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 
           const_cast<Config&>(c.config()).oversubscribed = false;
           std::uint64_t salt = 1000 + 100 * n + (large[0] == '0' ? 50 : 0);
           for (const Case& k : big) {
+            ++salt;
+            one_case(c, k, salt % 2 == 0, salt);
+            interleave(c, salt, static_cast<int>(salt));
+          }
+        },
+        600));
+  }
+}
+
+TEST_CASE("single copy where ranks share CPUs: blocks at the 32 KiB edges (white-box)") {
+  // Marked oversubscribed on every rank: scatter keeps its eager path below
+  // 32 KiB blocks and alltoall its round 0, each taking the single-copy
+  // round from there; every collective of one_case at both edges, N=2, 3.
+  const std::vector<Case> edges = {{DataType::int8, 32767, 1},
+                                   {DataType::int8, 32768, 0},
+                                   {DataType::int32, 8193, 4},
+                                   {DataType::int8, 16384, 2}};
+  for (int n : {2, 3}) {
+    INFO("N=", n);
+    check_all(test::run_ranks(
+        n,
+        [&](Communicator& c) {
+          const_cast<Config&>(c.config()).oversubscribed = true;
+          std::uint64_t salt = 3000 + 100 * n;
+          for (const Case& k : edges) {
             ++salt;
             one_case(c, k, salt % 2 == 0, salt);
             interleave(c, salt, static_cast<int>(salt));
@@ -887,7 +913,8 @@ TEST_CASE("single copy: mismatched calls around the round's range fail every ran
   };
   const Pair pairs[] = {{0, 0, 4000, 120000},   {0, 0, 120000, 300000}, {0, 0, 65535, 65536},
                         {1, 1, 120000, 100},    {2, 2, 200000, 262145}, {0, 1, 100000, 100000},
-                        {3, 3, 100000, 100001}, {1, 2, 100000, 100000}};
+                        {3, 3, 100000, 100001}, {1, 2, 100000, 100000}, {2, 2, 16383, 16384},
+                        {2, 2, 16384, 100}};
   for (const Pair& p : pairs) {
     INFO("kinds ", p.kind0, "/", p.kind1, " bytes ", p.bytes0, "/", p.bytes1);
     check_all(test::run_ranks(
