@@ -562,6 +562,9 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.host_hash = host;
   req.deadline = c.deadline();
   req.job_id = cfg.job_id;
+  // Before the segment: a bad SHMRING_MEMBARRIER fails here, and the rank
+  // publishes the result as it attaches.
+  req.asymmetric_fence = detail::register_asymmetric_fence();
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();

@@ -325,9 +325,9 @@ std::int64_t linked_ctime_ns(int fd) {
 }
 
 // This process's affinity mask into `info.cpus` (all CPUs if unreadable),
-// and whether it can take part in the asymmetric fence (wait.hpp).
-void publish_cpus(RankInfo& info) {
-  info.asymmetric_fence.store(register_asymmetric_fence() ? 1 : 0, std::memory_order_relaxed);
+// and whether it takes part in the asymmetric fence (wait.hpp).
+void publish_cpus(RankInfo& info, bool asymmetric_fence) {
+  info.asymmetric_fence.store(asymmetric_fence ? 1 : 0, std::memory_order_relaxed);
   info.cpu.store(-1, std::memory_order_relaxed);  // not known until its first wait
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -656,7 +656,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     h.creator_pid = getpid();
     h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
     RankArea& mine = seg->rank_area(0);
-    publish_cpus(mine.info);
+    publish_cpus(mine.info, req.asymmetric_fence);
     mine.info.pid.store(getpid(), std::memory_order_relaxed);
     mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
     mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),
@@ -811,7 +811,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     rethrow(
         collide(seg->header_, duplicate_rank_message(me, req.name, mine.info.pid.load(), kind)));
   }
-  publish_cpus(mine.info);
+  publish_cpus(mine.info, req.asymmetric_fence);
   mine.info.pid.store(getpid(), std::memory_order_relaxed);
   mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
   mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),

@@ -28,6 +28,9 @@ struct SegmentRequest {
   std::chrono::steady_clock::time_point deadline;
   std::string job_id;           // for messages (the name when empty)
   std::uint64_t job_nonce = 0;  // the same on every rank of one job; 0: SHMRING_JOB_NONCE or none
+  // This process registered for the asymmetric fence (wait.hpp
+  // register_asymmetric_fence()); published as RankInfo::asymmetric_fence.
+  bool asymmetric_fence = false;
 };
 
 class Segment {
