@@ -163,9 +163,13 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
     policy.spin_ns = 0;
     return policy;
   }
-  // The progress thread spins and yields as configured: the CPU it would
-  // hold may be the one its own rank's compute thread needs.
-  if (detail::t_helper_thread) return policy;
+  // The progress thread spins and yields as configured, for at most 200 us:
+  // the CPU it would hold may be the one its own rank's compute thread
+  // needs (as its idle polling, engine.cpp, and p2p's waits).
+  if (detail::t_helper_thread) {
+    policy.yield_ns = std::min<std::int64_t>(policy.yield_ns, 200'000);
+    return policy;
+  }
   // The peer runs elsewhere: yielding gains it nothing, and with a task of
   // another program runnable here (foreign load) sched_yield hands that task
   // our CPU until its slice ends, while the peer's answer waits. Measured

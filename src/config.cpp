@@ -205,7 +205,14 @@ void apply_placement(Config& c, int my_cpus, int job_cpus) {
   // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
   // deschedules the peer (then a wait costs the spin before it yields).
   if (c.spin_us < 0) c.spin_us = c.oversubscribed ? 0.0 : 5.0;
-  if (c.yield_us < 0) c.yield_us = c.oversubscribed ? 2000.0 : 200.0;
+  // 2 ms before a futex sleep, also for ranks on CPUs of their own (where
+  // the phase spins: policy_for): a rank that slept costs a wake-up when its
+  // peer comes, 30-360 us on the 2-core VM, and that lands on the next
+  // collective. The first 8-byte allreduce after the tool's barrier, 10
+  // fresh runs each (bench/fresh_runs, ninth session): 3.5-358 us with 200
+  // us (3 runs past 270), 3.3-39.7 with 1 ms, 3.3-8.9 with 2 ms; means and
+  // the runs under foreign load unchanged. Progress threads keep 200 us.
+  if (c.yield_us < 0) c.yield_us = 2000.0;
   // A rank's share of the job's CPUs, and never more than its own mask
   // (oneTBB caps its workers at the mask anyway, and warned "limited to 0
   // workers" on the device when each rank asked for cores / ranks threads

@@ -338,7 +338,7 @@ void Engine::help(RequestState& st) {
 
 void Engine::poll_for_work() {
   const auto start = Clock::now();
-  // At most 200 us of yielding (oversubscribed ranks yield 2 ms in a wait):
+  // At most 200 us of yielding (a blocking wait yields 2 ms by default):
   // an idle thread must not hold a core another rank needs.
   constexpr std::int64_t kMaxIdleYieldNs = 200'000;
   const std::int64_t spin = c_.wait_policy.spin_ns,

@@ -113,7 +113,7 @@
 // bump and then R sees S (acquire), or FUTEX_WAIT returns on the changed
 // word or the wake. Either way r never sleeps through a posted header. The
 // sender pays a compiler barrier only; the sleeper pays the IPIs, once per
-// sleep slice, after its spin and yield phases (~205 us by default). Where membarrier or its
+// sleep slice, after its spin and yield phases (~2 ms by default). Where membarrier or its
 // registration is refused to any rank (old kernel, seccomp, which is per process;
 // SHMRING_MEMBARRIER=0), every s executes a seq_cst fence between S and L instead (the symmetric
 // form of the same argument). The collectives' counters use the same fence and the same job-wide

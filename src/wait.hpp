@@ -109,7 +109,7 @@ inline thread_local bool t_helper_thread = false;
 
 struct WaitPolicy {
   std::int64_t spin_ns = 5'000;  // the defaults of Config (SHMRING_SPIN_US / _YIELD_US)
-  std::int64_t yield_ns = 200'000;
+  std::int64_t yield_ns = 2'000'000;
   long sleep_slice_us = 10'000;  // futex sleeps this long at most between slow checks
 };
 

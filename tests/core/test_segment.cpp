@@ -258,6 +258,7 @@ TEST_CASE("placement: threads, spin and oversubscription from the ranks' affinit
   CHECK(c.threads == 4);
   CHECK_FALSE(c.oversubscribed);
   CHECK(c.spin_us > 0);
+  CHECK(c.yield_us == 2000);  // before a futex sleep, whose wake-up costs 30-360 us
   // One CPU each (shmrun --bind-to core): 1 thread, not oversubscribed.
   c = placed(16, 16, 1, 16);
   CHECK(c.threads == 1);
