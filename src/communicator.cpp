@@ -167,7 +167,7 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
   // the CPU it would hold may be the one its own rank's compute thread
   // needs (as its idle polling, engine.cpp, and p2p's waits).
   if (detail::t_helper_thread) {
-    policy.yield_ns = std::min<std::int64_t>(policy.yield_ns, 200'000);
+    policy.yield_ns = std::min(policy.yield_ns, detail::kHelperMaxYieldNs);
     return policy;
   }
   // The peer runs elsewhere: yielding gains it nothing, and with a task of

@@ -338,11 +338,8 @@ void Engine::help(RequestState& st) {
 
 void Engine::poll_for_work() {
   const auto start = Clock::now();
-  // At most 200 us of yielding (a blocking wait yields 2 ms by default):
-  // an idle thread must not hold a core another rank needs.
-  constexpr std::int64_t kMaxIdleYieldNs = 200'000;
   const std::int64_t spin = c_.wait_policy.spin_ns,
-                     total = spin + std::min(c_.wait_policy.yield_ns, kMaxIdleYieldNs);
+                     total = spin + std::min(c_.wait_policy.yield_ns, kHelperMaxYieldNs);
   for (std::int64_t spent = 0; spent < total; spent = (Clock::now() - start).count()) {
     if (pending_.load(std::memory_order_acquire) != 0) return;
     if (spent < spin) {

@@ -242,7 +242,6 @@ P2p::P2p(Communicator::Impl& c)
       cma_min_bytes_(c.cma_min_bytes),  // PR_SET_PTRACER set) by the constructor
       fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
-  light_ring_ = c.light_publish;  // every rank registered (wait.hpp)
 }
 
 P2p::~P2p() {
@@ -331,7 +330,7 @@ void P2p::ring(int peer) {
 void P2p::ring_light(int peer) {
   // After the release store of an entry's `seq` or of headers_read (the
   // header comment's S).
-  if (light_ring_)
+  if (c_.light_publish)                                   // every rank registered (wait.hpp)
     std::atomic_signal_fence(std::memory_order_seq_cst);  // the sleeper's membarrier fences us
   else
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -907,7 +906,7 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
   if (progress_thread) {
     // A helper thread must not hold a core a rank needs.
     policy.spin_ns = 0;
-    policy.yield_ns = std::min<std::int64_t>(policy.yield_ns, 200'000);
+    policy.yield_ns = std::min(policy.yield_ns, kHelperMaxYieldNs);
   } else {
     policy = c_.policy_for(peer);  // yield only to a rank on our CPU
   }

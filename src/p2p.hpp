@@ -129,8 +129,7 @@ class P2p {
   Communicator::Impl& c_;
   std::byte* base_;
   std::size_t stage_bytes_ = kP2pStageBytes;
-  bool light_ring_ = false;  // membarrier registered: ring_light() needs no fence
-  const int cma_;            // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
+  const int cma_;  // SHMRING_CMA: 0 off, 1 auto (falls back on EPERM/ENOSYS)
   const std::size_t cma_min_bytes_;
   const unsigned fork_gen_;
 

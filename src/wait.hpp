@@ -106,6 +106,10 @@ inline void publish(Counter& c, std::uint64_t v, bool light) {
 /// progress thread): its waits yield as configured rather than spin, since
 /// the CPU it would hold may be the one the user's own thread computes on.
 inline thread_local bool t_helper_thread = false;
+/// The most a helper thread yields before it sleeps (a blocking wait yields
+/// 2 ms by default): an idle or waiting helper must not hold a core a rank
+/// needs.
+inline constexpr std::int64_t kHelperMaxYieldNs = 200'000;
 
 struct WaitPolicy {
   std::int64_t spin_ns = 5'000;  // the defaults of Config (SHMRING_SPIN_US / _YIELD_US)
