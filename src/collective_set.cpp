@@ -237,6 +237,38 @@ Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t
       {CollectiveKind::scatter, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
 }
 
+// Every block in one line when each fits (low_latency.cpp); else the staged
+// rounds with their single copy (staged.cpp), or the ring's slots
+// (ring.cpp allgatherv_ring) for large, uneven blocks at N=2. The choice
+// follows only recv_counts, which every rank's must equal (a rank that
+// disagrees may choose otherwise: check_descriptor then names the counts),
+// N and oversubscription. SHMRING_ALGO=ring takes the ring at every size.
+//   Why the ring there: in one copy a rank reads every other block itself,
+// so the rank whose block is smallest reads the most; the ring splits each
+// block's cost between its writer and its readers. N=2 on the Intel VM of
+// bench/README.md (tenth session), allgatherv of float32, median us, staged
+// / ring: blocks 1/3 and 2/3 of 4 MiB 435-455 / 411-418, of 16 MiB
+// 1894-1956 / 1652-1661; small / large = 0.6, 16 MiB 1728-1744 /
+// 1631-1636, 64 MiB 12229-12267 / 10507-10914; 0.75 mixed (16 MiB
+// 1591-1652 / 1595-1603); 0.9 and even blocks favour one copy (16 MiB
+// even 1441-1473 / 1483-1494); a largest block of 2 MiB was level.
+// Ranks sharing CPUs (N=3, 4 on 2 CPUs) were level or slower in the ring;
+// N >= 3 on CPUs of their own is not measured, so it keeps the rounds.
+Algorithm allgatherv_algorithm(const Communicator::Impl& c, const std::vector<std::size_t>& counts,
+                               std::size_t es) {
+  if (counts.empty() || c.size == 1) return Algorithm::staged;  // size 1: the local copy
+  const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+  const std::size_t largest = *hi * es, smallest = *lo * es;
+  const Algorithm a = c.choose(CollectiveKind::allgather, largest);
+  if (a == Algorithm::low_latency) return a;
+  if (c.forced_algorithm == Algorithm::ring) return Algorithm::ring;
+  constexpr std::size_t kRingFrom = std::size_t{2} << 20;
+  if (c.size == 2 && !c.config.oversubscribed && !c.forced_algorithm && largest > kRingFrom &&
+      5 * smallest <= 3 * largest)
+    return Algorithm::ring;
+  return Algorithm::staged;
+}
+
 Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_count, void* recv,
                    std::span<const std::size_t> rc, std::span<const std::size_t> displs,
                    DataType dtype) {
@@ -263,14 +295,7 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
     if (send != in_place) check_send_apart(c, what, send, bytes, recv, rblocks);
     check_lane(c, what, 1, static_cast<std::size_t>(c.size) * 8);
   });
-  // Every block in one line when each fits (low_latency.cpp); the choice
-  // follows recv_counts, which every rank's must equal.
-  const std::size_t largest =
-      v->recv_counts.empty() ? 0 : *std::max_element(v->recv_counts.begin(), v->recv_counts.end());
-  const Algorithm a =
-      c.choose(CollectiveKind::allgather, largest * datatype_size(dtype)) == Algorithm::low_latency
-          ? Algorithm::low_latency
-          : Algorithm::staged;
+  const Algorithm a = allgatherv_algorithm(c, v->recv_counts, datatype_size(dtype));
   Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, a}, send, recv};
   o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
   o.v = std::move(v);

@@ -329,6 +329,11 @@ void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
                          std::size_t recv_count, DataType dtype, ReduceOp op);
 void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
                     DataType dtype);
+/// allgatherv through the ring's slots: chunk k is block k of `recv` (its
+/// recv_counts[k] elements at recv_displs[k]), so the blocks may differ in
+/// size and sit anywhere in `recv`; rounds follow the largest block.
+void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                     DataType dtype);
 // Chain algorithms from / to a root (chain.cpp).
 void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
                      int root);

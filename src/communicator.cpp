@@ -377,7 +377,12 @@ void Communicator::Impl::check_descriptor(int peer) {
   bool same = !torn && seq == collectives + 1 && theirs.kind == mine.kind &&
               theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
               theirs.root == mine.root && (!has_op || theirs.op == mine.op);
-  if (same && theirs.algorithm == mine.algorithm) return;
+  // The staged paths compare recv_counts themselves (and name the entry);
+  // the ring (allgatherv_ring) has only this check.
+  if (same && theirs.algorithm == mine.algorithm &&
+      (mine.algorithm != Algorithm::ring ||
+       desc.vhash.load(std::memory_order_relaxed) == mine.vhash))
+    return;
   if (!torn && seq == collectives + 1 && theirs.kind == CollectiveKind::invalid) {
     fail(MismatchError(fmt::format(
         "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "

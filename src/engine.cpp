@@ -104,6 +104,8 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::allgatherv:
       if (d.algorithm == Algorithm::low_latency)
         algo::allgatherv_low_latency(*this, o.send, o.recv, *o.v, d.dtype);
+      else if (d.algorithm == Algorithm::ring)
+        algo::allgatherv_ring(*this, o.send, o.recv, *o.v, d.dtype);
       else
         algo::allgatherv_staged(*this, o.send, o.recv, *o.v, d.dtype);
       break;

@@ -33,6 +33,7 @@
 // elements for the whole collective (so the allgather slices match), and the
 // reduce-scatter moves up to 4x the bytes of the 16-bit buffer.
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 
@@ -181,6 +182,22 @@ void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::si
                return Range{static_cast<std::size_t>(k) * send_count, send_count};
              }};
   const std::size_t rounds = rounds_for(p, send_count);
+  for (std::size_t q = 0; q < rounds; ++q)
+    p.allgather_round(q, static_cast<std::byte*>(recv), static_cast<const std::byte*>(send),
+                      /*first_done=*/false);
+}
+
+void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                     DataType dtype) {
+  // The slicing of a chunk follows only its count, which every rank passes
+  // alike (the descriptor's vhash, check_descriptor); where a block sits in
+  // `recv` (its displacement) is each rank's own business.
+  const std::size_t es = datatype_size(dtype);
+  RingPass p{c, c.size, c.rank, es, c.seg->slot_bytes() / es, [&v](int k) {
+               return Range{v.recv_displs[k], v.recv_counts[k]};
+             }};
+  const std::size_t rounds =
+      rounds_for(p, *std::max_element(v.recv_counts.begin(), v.recv_counts.end()));
   for (std::size_t q = 0; q < rounds; ++q)
     p.allgather_round(q, static_cast<std::byte*>(recv), static_cast<const std::byte*>(send),
                       /*first_done=*/false);

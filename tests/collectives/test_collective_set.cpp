@@ -222,40 +222,79 @@ TEST_CASE("scatter: every root, counts 0, 1, uneven, big; in place at the root")
 }
 
 TEST_CASE("allgatherv: uneven counts with zeros, displacements out of order, in place") {
-  for (int n : kSizes) {
-    INFO("n=", n);
-    for (bool big : {false, true}) {
-      if (big && n > 3) continue;
-      check_all(run_ranks(n, [&](Communicator& c) {
-        const int me = c.rank();
-        std::vector<std::size_t> rc = counts_for(n), d;
-        if (big) rc[n - 1] = kBig;
-        std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
-        std::vector<std::int32_t> in(rc[me]);
-        for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
-        int round = 0;
-        for (bool in_place : {false, true}) {
-          std::fill(out.begin(), out.end(), -7);
-          const void* send = in.data();
-          if (in_place) {
-            std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
-            send = out.data() + d[me];
+  // Default paths, then the ring (allgatherv_ring) at every size, with 4 KiB
+  // slots so that the big block takes many rounds while the others are done
+  // after the first.
+  for (bool ring : {false, true})
+    for (int n : kSizes) {
+      INFO("n=", n, " ring=", ring);
+      if (ring) setenv("SHMRING_ALGO", "ring", 1), setenv("SHMRING_SLOT_BYTES", "4096", 1);
+      for (bool big : {false, true}) {
+        if (big && n > 3) continue;
+        check_all(run_ranks(n, [&](Communicator& c) {
+          const int me = c.rank();
+          std::vector<std::size_t> rc = counts_for(n), d;
+          if (big) rc[n - 1] = kBig;
+          std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
+          std::vector<std::int32_t> in(rc[me]);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+          int round = 0;
+          for (bool in_place : {false, true}) {
+            std::fill(out.begin(), out.end(), -7);
+            const void* send = in.data();
+            if (in_place) {
+              std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
+              send = out.data() + d[me];
+            }
+            const bool nb = (round++ % 2) == 1;
+            call(
+                nb, [&] { c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32); },
+                [&] { return c.iallgatherv(send, rc[me], out.data(), rc, d, DataType::int32); });
+            for (int j = 0; j < n; ++j)
+              for (std::size_t i = 0; i < rc[j]; ++i)
+                SHMRING_CHILD_CHECK(out[d[j] + i] == val(j, i), "rank %d from %d [%zu] = %d", me, j,
+                                    i, out[d[j] + i]);
+            std::size_t touched = 0;
+            for (auto x : out) touched += x != -7;
+            SHMRING_CHILD_CHECK(touched == std::accumulate(rc.begin(), rc.end(), std::size_t{0}),
+                                "rank %d: wrote outside the blocks", me);
           }
-          const bool nb = (round++ % 2) == 1;
-          call(
-              nb, [&] { c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32); },
-              [&] { return c.iallgatherv(send, rc[me], out.data(), rc, d, DataType::int32); });
-          for (int j = 0; j < n; ++j)
-            for (std::size_t i = 0; i < rc[j]; ++i)
-              SHMRING_CHILD_CHECK(out[d[j] + i] == val(j, i), "rank %d from %d [%zu] = %d", me, j,
-                                  i, out[d[j] + i]);
-          std::size_t touched = 0;
-          for (auto x : out) touched += x != -7;
-          SHMRING_CHILD_CHECK(touched == std::accumulate(rc.begin(), rc.end(), std::size_t{0}),
-                              "rank %d: wrote outside the blocks", me);
-        }
-      }));
+        }));
+      }
+      unsetenv("SHMRING_ALGO");
+      unsetenv("SHMRING_SLOT_BYTES");
     }
+}
+
+TEST_CASE("allgatherv: large uneven blocks at N=2 take the ring, even ones one copy") {
+  // The choice (collective_set.cpp allgatherv_algorithm) runs on real data
+  // both ways: blocks of 1/3 and 2/3 of 24 MiB, then of 12 MiB each, with
+  // displacements reversed and gaps, out of place and in place.
+  for (bool even : {false, true}) {
+    INFO("even=", even);
+    check_all(run_ranks(2, [&](Communicator& c) {
+      const int me = c.rank();
+      const std::size_t unit = (std::size_t{1} << 21) + 5;  // 8 MiB + 20 bytes of int32
+      std::vector<std::size_t> rc = {even ? unit * 3 / 2 : unit, even ? unit * 3 / 2 : 2 * unit}, d;
+      std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
+      std::vector<std::int32_t> in(rc[me]);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+      for (bool in_place : {false, true}) {
+        std::fill(out.begin(), out.end(), -7);
+        const void* send = in.data();
+        if (in_place) {
+          std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
+          send = out.data() + d[me];
+        }
+        c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32);
+        std::size_t bad = 0, touched = 0;
+        for (int j = 0; j < 2; ++j)
+          for (std::size_t i = 0; i < rc[j]; ++i) bad += out[d[j] + i] != val(j, i);
+        for (auto x : out) touched += x != -7;
+        SHMRING_CHILD_CHECK(bad == 0, "rank %d in_place %d: %zu wrong elements", me, in_place, bad);
+        SHMRING_CHILD_CHECK(touched == rc[0] + rc[1], "rank %d: wrote outside the blocks", me);
+      }
+    }));
   }
 }
 
@@ -584,6 +623,22 @@ TEST_CASE("allgatherv and reduce_scatter_v: recv_counts differ (same sum too)") 
           c.allgatherv(a.data(), a.size(), b.data(), rc, d, DataType::float32);
         },
         scale > 1 ? "recv_counts[0]=" : "passed different recv_counts");
+  // N=2, large blocks: rank 0's counts are uneven (the ring), rank 1's even
+  // (one copy), so the two paths meet; then both on the ring.
+  for (bool both_ring : {false, true})
+    expect_mismatch(
+        2,
+        [both_ring](Communicator& c) {
+          const std::size_t m = std::size_t{1} << 20;  // 4 MiB of float32
+          std::vector<std::size_t> rc = {m, 2 * m}, d = {0, m};
+          if (c.rank() == 1)
+            rc = both_ring ? std::vector<std::size_t>{m, 3 * m}
+                           : std::vector<std::size_t>{3 * m / 2, 3 * m / 2};
+          if (c.rank() == 1) d = {0, rc[0]};
+          std::vector<float> a(rc[c.rank()]), b(rc[0] + rc[1]);
+          c.allgatherv(a.data(), a.size(), b.data(), rc, d, DataType::float32);
+        },
+        "passed different recv_counts");
   expect_mismatch(
       3,
       [](Communicator& c) {
