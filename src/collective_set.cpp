@@ -190,6 +190,18 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
   });
   Op o{{CollectiveKind::alltoallv, 0, dtype, ReduceOp::sum, -1, Algorithm::staged}, send, recv};
   o.desc.vhash = algo::staged_pair_hash(c.rank, v->send_counts, v->recv_counts);
+  // N=2: when the blocks to and from the peer each fit a line, the call
+  // travels as alltoall's does (low_latency.cpp). Both ranks look at the same
+  // two counts, so they choose alike unless they disagree (check_descriptor
+  // then names the counts). Larger N would need every pair's counts.
+  if (c.size == 2 && !c.forced_algorithm) {
+    const auto peer = static_cast<std::size_t>(1 - c.rank);
+    if (std::max(v->send_counts[peer], v->recv_counts[peer]) * datatype_size(dtype) <=
+        detail::kLowLatencyBytes) {
+      o.desc.algorithm = Algorithm::low_latency;
+      o.desc.vhash = algo::alltoallv_line_word(c.rank, *v);
+    }
+  }
   o.desc.aux = largest_block;
   o.v = std::move(v);
   return o;

@@ -361,6 +361,10 @@ void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, 
                            DataType dtype);
 void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                           DataType dtype);
+/// alltoallv at N=2 whose blocks to and from the peer are each at most
+/// kLowLatencyBytes: the line carries our block for the peer.
+void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                           DataType dtype);
 /// allgatherv whose every block is at most kLowLatencyBytes.
 void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
                             const VectorArgs& v, DataType dtype);
@@ -389,6 +393,14 @@ std::uint64_t staged_vector_hash(const std::vector<std::size_t>& counts);
 /// recv_counts[j] of rank i equals send_counts[i] of rank j).
 std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_counts,
                                const std::vector<std::size_t>& recv_counts);
+/// Fails the job: rank i sends `sent` elements to rank j by its send_counts,
+/// rank j expects `expected` by its recv_counts (alltoallv).
+[[noreturn]] void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
+                                          std::uint64_t expected);
+/// alltoallv at N=2 on the low-latency line: the descriptor word both ranks
+/// compute alike when they agree, the counts 0 -> 1 (low half) and 1 -> 0
+/// (high half), each at most kLowLatencyBytes elements.
+std::uint64_t alltoallv_line_word(int rank, const VectorArgs& v);
 }  // namespace algo
 
 }  // namespace shmring

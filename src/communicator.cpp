@@ -396,6 +396,14 @@ void Communicator::Impl::check_descriptor(int peer) {
       (mine.kind == CollectiveKind::allgatherv || mine.kind == CollectiveKind::reduce_scatter_v) &&
       desc.vhash.load(std::memory_order_relaxed) != mine.vhash)
     fail_recv_counts(peer);
+  // alltoallv chooses its path from the counts to and from the peer alone
+  // (collective_set.cpp), so two paths mean the counts disagree.
+  if (same && mine.kind == CollectiveKind::alltoallv)
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch in collective #{} {}: rank {} took another path for it: "
+        "its send_counts or recv_counts disagree with this rank's (recv_counts[i] on rank j must "
+        "equal send_counts[j] on rank i), or SHMRING_ALGO differs between the two",
+        rank, collectives, describe(mine), peer)));
   if (same) {
     fail(MismatchError(fmt::format(
         "rank {}: collective #{} {} runs the {} algorithm here but the {} algorithm on rank {}: "

@@ -93,7 +93,10 @@ void Communicator::Impl::run(const Op& o) {
         algo::alltoall_staged(*this, o.send, o.recv, d.count, d.dtype);
       break;
     case CollectiveKind::alltoallv:
-      algo::alltoallv_staged(*this, o.send, o.recv, *o.v, d.dtype);
+      if (d.algorithm == Algorithm::low_latency)
+        algo::alltoallv_low_latency(*this, o.send, o.recv, *o.v, d.dtype);
+      else
+        algo::alltoallv_staged(*this, o.send, o.recv, *o.v, d.dtype);
       break;
     case CollectiveKind::gather:
       algo::gather_staged(*this, o.send, o.recv, d.count, d.dtype, d.root);

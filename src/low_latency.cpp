@@ -1,6 +1,11 @@
 // Low-latency path for the smallest collectives: barriers, allreduces,
 // allgathers and allgathervs of at most kLowLatencyBytes (104 bytes: 26
-// float32) per rank, and alltoalls whose whole send buffer is that small.
+// float32) per rank, alltoalls whose whole send buffer is that small, and
+// at N=2 alltoallvs whose blocks to and from the peer each are (the two
+// ranks decide from the same two counts; a larger N would need every
+// pair's). N=2 on the Intel VM of bench/README.md, tenth session, 8 bytes
+// in all: 0.37-0.40 us in the staged rounds, 0.22-0.23 here (Open MPI
+// 0.36-0.37).
 //
 // Terms. Every rank owns two low-latency lines (layout.hpp LowLatencyLine);
 // collective c uses line c mod 2. A line holds a sequence number (`seq` =
@@ -104,7 +109,18 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
   if (line.kind_dtype_op_algorithm.load(std::memory_order_relaxed) != pack(mine) ||
       line.count.load(std::memory_order_relaxed) != line_count(mine) ||
       line.root.load(std::memory_order_relaxed) != mine.root) {
-    check_descriptor(peer);                       // names the difference and throws
+    check_descriptor(peer);  // names the difference and throws
+    if (mine.kind == CollectiveKind::alltoallv) {
+      // Both words list the counts 0 -> 1 and 1 -> 0; the sender's
+      // send_counts and the receiver's recv_counts disagree on one of them.
+      const std::uint64_t w[2] = {
+          rank == 0 ? mine.vhash : line.count.load(std::memory_order_relaxed),
+          rank == 1 ? mine.vhash : line.count.load(std::memory_order_relaxed)};
+      const auto to1 = [](std::uint64_t x) { return x & 0xffffffffu; };
+      const auto to0 = [](std::uint64_t x) { return x >> 32; };
+      if (to1(w[0]) != to1(w[1])) algo::alltoallv_pair_mismatch(*this, 0, 1, to1(w[0]), to1(w[1]));
+      algo::alltoallv_pair_mismatch(*this, 1, 0, to0(w[1]), to0(w[0]));
+    }
     if (mine.vhash != 0) fail_recv_counts(peer);  // allgatherv: the hash of recv_counts
     fail(MismatchError(fmt::format("rank {}: collective #{} {}: rank {} disagrees", rank,
                                    collectives, describe(mine), peer)));
@@ -194,6 +210,32 @@ void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, s
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank)
       std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data + c.rank * bytes, bytes);
+}
+
+std::uint64_t alltoallv_line_word(int rank, const VectorArgs& v) {
+  // Rank 0 sends send_counts[1] and receives recv_counts[1]; rank 1 sends
+  // send_counts[0] and receives recv_counts[0]. Each fits 32 bits (at most
+  // kLowLatencyBytes elements).
+  const std::uint64_t zero_to_one = rank == 0 ? v.send_counts[1] : v.recv_counts[0];
+  const std::uint64_t one_to_zero = rank == 0 ? v.recv_counts[1] : v.send_counts[0];
+  return zero_to_one | one_to_zero << 32;
+}
+
+void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                           DataType dtype) {
+  const std::size_t es = datatype_size(dtype);
+  const int me = c.rank, peer = 1 - me;
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  const std::size_t to_peer = v.send_counts[peer] * es, own = v.send_counts[me] * es;
+  publish_line(c, to_peer > 0 ? in + v.send_displs[peer] * es : nullptr, to_peer);
+  // The front keeps send and recv apart (no in-place form).
+  if (own > 0) std::memcpy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, own);
+  wait_all_lines(c);
+  const std::size_t from_peer = v.recv_counts[peer] * es;  // = the peer's to_peer (checked)
+  if (from_peer > 0)
+    std::memcpy(out + v.recv_displs[peer] * es, c.area(peer).low_latency[c.collectives % 2].data,
+                from_peer);
 }
 
 void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,

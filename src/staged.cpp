@@ -420,14 +420,18 @@ void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::
   }
 }
 
-[[noreturn]] void pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
-                                std::uint64_t expected) {
+}  // namespace
+
+void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
+                             std::uint64_t expected) {
   c.fail(MismatchError(fmt::format(
       "rank {}: collective mismatch in collective #{} {}: rank {} sends {} elements to rank {} "
       "(its send_counts[{}]) but rank {} expects {} (its recv_counts[{}]); recv_counts[i] on rank "
       "j must equal send_counts[j] on rank i",
       c.rank, c.collectives, c.describe(*c.current), i, sent, j, j, j, expected, i)));
 }
+
+namespace {
 
 // alltoallv: rank i's recv_counts[j] must equal rank j's send_counts[i].
 void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
@@ -436,9 +440,9 @@ void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
   for (int w = 0; w < n; ++w) {
     if (w == me) continue;
     const std::uint64_t to_me = header_entry(r, w, static_cast<std::size_t>(me));
-    if (to_me != v.recv_counts[w]) pair_mismatch(c, w, me, to_me, v.recv_counts[w]);
+    if (to_me != v.recv_counts[w]) alltoallv_pair_mismatch(c, w, me, to_me, v.recv_counts[w]);
     const std::uint64_t from_me = header_entry(r, w, static_cast<std::size_t>(n + me));
-    if (from_me != v.send_counts[w]) pair_mismatch(c, me, w, v.send_counts[w], from_me);
+    if (from_me != v.send_counts[w]) alltoallv_pair_mismatch(c, me, w, v.send_counts[w], from_me);
   }
   // Every other pair, through the sum of the ranks' hash terms.
   std::uint64_t sum = 0;
@@ -450,7 +454,7 @@ void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
       const std::uint64_t sent = header_entry(r, i, static_cast<std::size_t>(j));
       const std::uint64_t expected =
           header_entry(r, j, static_cast<std::size_t>(n) + static_cast<std::size_t>(i));
-      if (sent != expected) pair_mismatch(c, i, j, sent, expected);
+      if (sent != expected) alltoallv_pair_mismatch(c, i, j, sent, expected);
     }
   c.fail(MismatchError(fmt::format(
       "rank {}: collective mismatch in collective #{} {}: the ranks' send_counts and recv_counts "

@@ -111,50 +111,55 @@ TEST_CASE("alltoall: block j of rank i lands in block i of rank j") {
 }
 
 TEST_CASE("alltoallv: uneven counts, zeros, displacements out of rank order") {
-  for (int n : kSizes) {
-    INFO("n=", n);
-    for (bool big : {false, true}) {
-      if (big && n > 3) continue;
-      check_all(run_ranks(n, [&](Communicator& c) {
-        const int me = c.rank();
-        // f(i, j): elements rank i sends to rank j (0 for some pairs).
-        auto f = [&](int i, int j) -> std::size_t {
-          if (big && i == 0 && j == n - 1) return kBig;
-          if ((i + j) % 3 == 1) return 0;
-          return static_cast<std::size_t>(i * 5 + j * 2 + 1);
-        };
-        std::vector<std::size_t> sc(n), rc(n), sd, rd;
-        for (int j = 0; j < n; ++j) {
-          sc[j] = f(me, j);
-          rc[j] = f(j, me);
-        }
-        std::vector<std::int32_t> in(reverse_displs(sc, sd)), out(reverse_displs(rc, rd), -7);
-        for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
-        for (bool nb : {false, true}) {
-          std::fill(out.begin(), out.end(), -7);
-          call(
-              nb, [&] { c.alltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32); },
-              [&] { return c.ialltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32); });
-          // Rank j sent me its block at its send_displs[me] (reverse_displs of its counts).
-          std::vector<std::size_t> j_sc(n), j_sd;
+  // Without zeros too: at N=2 the zero rule empties both cross blocks, and
+  // small ones travel in the low-latency line (low_latency.cpp).
+  for (bool zeros : {true, false})
+    for (int n : kSizes) {
+      INFO("n=", n, " zeros=", zeros);
+      for (bool big : {false, true}) {
+        if (big && n > 3) continue;
+        check_all(run_ranks(n, [&](Communicator& c) {
+          const int me = c.rank();
+          // f(i, j): elements rank i sends to rank j (0 for some pairs).
+          auto f = [&](int i, int j) -> std::size_t {
+            if (big && i == 0 && j == n - 1) return kBig;
+            if (zeros && (i + j) % 3 == 1) return 0;
+            return static_cast<std::size_t>(i * 5 + j * 2 + 1);
+          };
+          std::vector<std::size_t> sc(n), rc(n), sd, rd;
           for (int j = 0; j < n; ++j) {
-            for (int k = 0; k < n; ++k) j_sc[k] = f(j, k);
-            reverse_displs(j_sc, j_sd);
-            for (std::size_t i = 0; i < rc[j]; ++i)
-              SHMRING_CHILD_CHECK(out[rd[j] + i] == val(j, j_sd[me] + i),
-                                  "rank %d from %d [%zu]: %d expected %d", me, j, i, out[rd[j] + i],
-                                  val(j, j_sd[me] + i));
+            sc[j] = f(me, j);
+            rc[j] = f(j, me);
           }
-          // The gaps stay untouched.
-          for (std::size_t i = 0; i < out.size(); ++i) {
-            bool inside = false;
-            for (int j = 0; j < n; ++j) inside |= i >= rd[j] && i < rd[j] + rc[j];
-            if (!inside) SHMRING_CHILD_CHECK(out[i] == -7, "rank %d wrote a gap at %zu", me, i);
+          std::vector<std::int32_t> in(reverse_displs(sc, sd)), out(reverse_displs(rc, rd), -7);
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+          for (bool nb : {false, true}) {
+            std::fill(out.begin(), out.end(), -7);
+            call(
+                nb, [&] { c.alltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32); },
+                [&] {
+                  return c.ialltoallv(in.data(), sc, sd, out.data(), rc, rd, DataType::int32);
+                });
+            // Rank j sent me its block at its send_displs[me] (reverse_displs of its counts).
+            std::vector<std::size_t> j_sc(n), j_sd;
+            for (int j = 0; j < n; ++j) {
+              for (int k = 0; k < n; ++k) j_sc[k] = f(j, k);
+              reverse_displs(j_sc, j_sd);
+              for (std::size_t i = 0; i < rc[j]; ++i)
+                SHMRING_CHILD_CHECK(out[rd[j] + i] == val(j, j_sd[me] + i),
+                                    "rank %d from %d [%zu]: %d expected %d", me, j, i,
+                                    out[rd[j] + i], val(j, j_sd[me] + i));
+            }
+            // The gaps stay untouched.
+            for (std::size_t i = 0; i < out.size(); ++i) {
+              bool inside = false;
+              for (int j = 0; j < n; ++j) inside |= i >= rd[j] && i < rd[j] + rc[j];
+              if (!inside) SHMRING_CHILD_CHECK(out[i] == -7, "rank %d wrote a gap at %zu", me, i);
+            }
           }
-        }
-      }));
+        }));
+      }
     }
-  }
 }
 
 TEST_CASE("gather: every root, counts 0, 1, uneven, big; in place at the root") {
@@ -440,6 +445,27 @@ TEST_CASE("alltoallv: one pair disagrees; every rank names it, also the uninvolv
         },
         "rank 0 sends 3 elements to rank 1 (its send_counts[1]) but rank 1 expects 2");
   }
+  // N=2 small blocks travel in the low-latency line (low_latency.cpp): the
+  // other direction of the pair, then a rank whose counts send it to the
+  // staged rounds while its peer takes the line.
+  expect_mismatch(
+      2,
+      [](Communicator& c) {
+        std::vector<std::size_t> sc = {3, 3}, rc = {3, 3}, d = {0, 3};
+        if (c.rank() == 0) rc[1] = 2;  // rank 1 sends 3
+        std::vector<float> a(6), b(6);
+        c.alltoallv(a.data(), sc, d, b.data(), rc, d, DataType::float32);
+      },
+      "rank 1 sends 3 elements to rank 0 (its send_counts[0]) but rank 0 expects 2");
+  expect_mismatch(
+      2,
+      [](Communicator& c) {
+        std::vector<std::size_t> sc = {3, 3}, sd = {0, 3}, rc = {3, 3}, rd = {0, 3};
+        if (c.rank() == 1) rc[0] = 300, rd[1] = 300;  // 1200 bytes: not a line
+        std::vector<float> a(600), b(600);
+        c.alltoallv(a.data(), sc, sd, b.data(), rc, rd, DataType::float32);
+      },
+      "recv_counts[i] on rank j must equal send_counts[j] on rank i");
 }
 
 TEST_CASE("gather and scatter: roots differ, counts differ") {
