@@ -119,9 +119,10 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
       const auto to1 = [](std::uint64_t x) { return x & 0xffffffffu; };
       const auto to0 = [](std::uint64_t x) { return x >> 32; };
       if (to1(w[0]) != to1(w[1])) algo::alltoallv_pair_mismatch(*this, 0, 1, to1(w[0]), to1(w[1]));
-      algo::alltoallv_pair_mismatch(*this, 1, 0, to0(w[1]), to0(w[0]));
+      if (to0(w[0]) != to0(w[1])) algo::alltoallv_pair_mismatch(*this, 1, 0, to0(w[1]), to0(w[0]));
+    } else if (mine.vhash != 0) {
+      fail_recv_counts(peer);  // allgatherv: the hash of recv_counts
     }
-    if (mine.vhash != 0) fail_recv_counts(peer);  // allgatherv: the hash of recv_counts
     fail(MismatchError(fmt::format("rank {}: collective #{} {}: rank {} disagrees", rank,
                                    collectives, describe(mine), peer)));
   }
