@@ -382,6 +382,10 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
                     DataType dtype, int root);
 void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
                        DataType dtype);
+/// allgather through the staged rounds and their single copy, as
+/// allgatherv_staged with equal blocks in rank order.
+void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                      DataType dtype);
 void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
                              const VectorArgs& v, DataType dtype, ReduceOp op);
 /// Bytes per lane when a direct buffer is cut into `lanes` equal lanes (a

@@ -61,6 +61,8 @@ void Communicator::Impl::run(const Op& o) {
         algo::allgather_low_latency(*this, o.send, o.recv, d.count, d.dtype);
       } else if (direct) {
         algo::allgather_direct(*this, o.send, o.recv, d.count, d.dtype);
+      } else if (d.algorithm == Algorithm::staged) {
+        algo::allgather_staged(*this, o.send, o.recv, d.count, d.dtype);
       } else {
         algo::allgather_ring(*this, o.send, o.recv, d.count, d.dtype);
       }

@@ -1322,23 +1322,22 @@ void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::si
       copy_own, [&] { cma_take(c, root, me * bytes, static_cast<std::byte*>(recv), bytes); }, send);
 }
 
-void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
-                       DataType dtype) {
+namespace {
+
+// allgather and allgatherv: rank w's block is bytes(w) bytes at byte at(w)
+// of `recv`; `header` writes round 0's header (nullptr: none) and
+// `largest(r)` checks the peers' headers and returns the largest block.
+template <class Bytes, class At, class Header, class Largest>
+void allgather_rounds(Communicator::Impl& c, const void* send, void* recv, Bytes bytes, At at,
+                      std::size_t header_bytes, Header header, Largest largest) {
   const int n = c.size, me = c.rank;
-  const std::size_t es = datatype_size(dtype);
-  const std::size_t my_bytes = v.recv_counts[me] * es;
+  const std::size_t my_bytes = bytes(me);
   auto* out = static_cast<std::byte*>(recv);
-  if (my_bytes > 0 && out + v.recv_displs[me] * es != send)
-    c.copy(out + v.recv_displs[me] * es, send, my_bytes);
+  if (my_bytes > 0 && out + at(me) != send) c.copy(out + at(me), send, my_bytes);
   if (n == 1) return;
-  Rounds r(c, 1, static_cast<std::size_t>(n) * sizeof(std::uint64_t));
+  Rounds r(c, 1, header_bytes);
   run_rounds(
-      c, r, true, true, everyone, my_bytes,
-      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
-      [&] {
-        check_same_counts(c, r, v.recv_counts);
-        return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
-      },
+      c, r, true, true, everyone, my_bytes, header, [&] { return largest(r); },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(my_bytes, si, lane);
         if (s.bytes > 0) r.put(buf, static_cast<const std::byte*>(send) + s.begin, s.bytes);
@@ -1346,18 +1345,44 @@ void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, cons
       [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
         for (int t = 1; t < n; ++t) {
           const int w = (me - t + n) % n;
-          const Slice s = slice_of(v.recv_counts[w] * es, si, lane);
-          if (s.bytes > 0) c.copy(out + v.recv_displs[w] * es + s.begin, r.await(w, k), s.bytes);
+          const Slice s = slice_of(bytes(w), si, lane);
+          if (s.bytes > 0) c.copy(out + at(w) + s.begin, r.await(w, k), s.bytes);
         }
       },
       nullptr,
       [&] {
         for (int t = 1; t < n; ++t) {
           const int w = (me - t + n) % n;
-          cma_take(c, w, 0, out + v.recv_displs[w] * es, v.recv_counts[w] * es);
+          cma_take(c, w, 0, out + at(w), bytes(w));
         }
       },
       send);
+}
+
+}  // namespace
+
+void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                       DataType dtype) {
+  const std::size_t es = datatype_size(dtype);
+  allgather_rounds(
+      c, send, recv, [&](int w) { return v.recv_counts[w] * es; },
+      [&](int w) { return v.recv_displs[w] * es; },
+      static_cast<std::size_t>(c.size) * sizeof(std::uint64_t),
+      [&](std::byte* buf) { write_header(buf, v.recv_counts); },
+      [&](Rounds& r) {
+        check_same_counts(c, r, v.recv_counts);
+        return *std::max_element(v.recv_counts.begin(), v.recv_counts.end()) * es;
+      });
+}
+
+void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                      DataType dtype) {
+  // The count is in the descriptor, which check_descriptor compares: no header.
+  const std::size_t bytes = count * datatype_size(dtype);
+  allgather_rounds(
+      c, send, recv, [bytes](int) { return bytes; },
+      [bytes](int w) { return static_cast<std::size_t>(w) * bytes; }, 0, nullptr,
+      [bytes](Rounds&) { return bytes; });
 }
 
 void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,

@@ -1,5 +1,5 @@
 // Adversarial tests of the staged collectives' single-copy round
-// (src/staged.cpp "Single copy"): alltoall, gather, scatter and allgatherv
+// (src/staged.cpp "Single copy"): alltoall, gather, scatter, allgather and allgatherv
 // whose largest block is 64-256 KiB read the writers' buffers with
 // process_vm_readv at N=2 when the job is not oversubscribed. Every result is
 // compared with a serial reference; the edges probed are odd element sizes
@@ -244,6 +244,22 @@ void one_case(Communicator& c, const Case& k, bool nonblocking, std::uint64_t sa
       if (me == root)
         expect(ss.data(), root, 0, bytes * n, s2 + 1000, "scatter send unchanged", bytes, root);
     }
+  // allgather (its single-copy round at N=2 from 4 KiB blocks, choose()),
+  // out of place and in place.
+  for (bool in_place : {false, true}) {
+    const std::uint64_t s5 = salt * 19 + in_place;
+    Buf mine(bytes, k.skew), all(bytes * n, k.skew);
+    fill(mine, me, bytes, s5);
+    const void* send = mine.data();
+    if (in_place) {
+      std::memcpy(all.data() + me * bytes, mine.data(), bytes);
+      send = all.data() + me * bytes;
+    }
+    run([&] { c.allgather(send, all.data(), k.count, k.dtype); },
+        [&] { return c.iallgather(send, all.data(), k.count, k.dtype); });
+    for (int j = 0; j < n; ++j)
+      expect(all.data() + j * bytes, j, 0, bytes, s5, "allgather", in_place, j);
+  }
   // allgatherv: my block is `bytes`-sized on even ranks; others get zero,
   // tiny, and `count` again, rotating with the salt.
   const std::size_t others[] = {0, 1, 3, k.count / 2 + 1, k.count};
@@ -828,7 +844,9 @@ TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 
       {DataType::int8, 262145, 1},     {DataType::float16, 262143, 2},
       {DataType::int32, 131072, 0},    {DataType::int8, 524289, 3},
       {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1},
-      {DataType::int8, 16383, 2},      {DataType::int8, 16384, 1}};  // scatter: eager / rounds
+      {DataType::int8, 16383, 2},      {DataType::int8, 16384, 1},     // scatter: eager / rounds
+      {DataType::int8, 4095, 3},       {DataType::int8, 4096, 0},      // allgather: direct / rounds
+      {DataType::int8, 1048575, 1},    {DataType::int8, 1048576, 0}};  // allgather: rounds / ring
   for (auto [n, large] : {std::pair{2, "1"}, std::pair{3, "1"}, std::pair{2, "0"}}) {
     INFO("N=", n, " SHMRING_CMA_LARGE=", large);
     ScopedEnv env("SHMRING_CMA_LARGE", large);
@@ -908,13 +926,14 @@ TEST_CASE("single copy: mismatched calls around the round's range fail every ran
   // below it (inline), past it (slot rounds) or another collective: every
   // rank must get MismatchError, not a hang, a wrong read or a crash.
   struct Pair {
-    int kind0, kind1;  // 0 alltoall, 1 gather to 0, 2 scatter from 0, 3 allgatherv
+    int kind0, kind1;  // 0 alltoall, 1 gather to 0, 2 scatter from 0, 3 allgatherv, 4 allgather
     std::size_t bytes0, bytes1;
   };
   const Pair pairs[] = {{0, 0, 4000, 120000},   {0, 0, 120000, 300000}, {0, 0, 65535, 65536},
                         {1, 1, 120000, 100},    {2, 2, 200000, 262145}, {0, 1, 100000, 100000},
                         {3, 3, 100000, 100001}, {1, 2, 100000, 100000}, {2, 2, 16383, 16384},
-                        {2, 2, 16384, 100}};
+                        {2, 2, 16384, 100},     {4, 4, 4095, 4096},     {4, 4, 100000, 1048576},
+                        {4, 3, 100000, 100000}};
   for (const Pair& p : pairs) {
     INFO("kinds ", p.kind0, "/", p.kind1, " bytes ", p.bytes0, "/", p.bytes1);
     check_all(test::run_ranks(
@@ -923,7 +942,7 @@ TEST_CASE("single copy: mismatched calls around the round's range fail every ran
           const int me = c.rank();
           const int kind = me == 0 ? p.kind0 : p.kind1;
           const std::size_t bytes = me == 0 ? p.bytes0 : p.bytes1;
-          Buf s(2 * bytes, 0), r(2 * 300000, 0);
+          Buf s(2 * bytes, 0), r(2 * std::max<std::size_t>(bytes, 300000), 0);
           fill(s, me, 2 * bytes, 1);
           try {
             if (kind == 0) c.alltoall(s.data(), r.data(), bytes, DataType::uint8);
@@ -933,6 +952,7 @@ TEST_CASE("single copy: mismatched calls around the round's range fail every ran
               std::vector<std::size_t> rc = {bytes, bytes}, d = {0, bytes};
               c.allgatherv(s.data(), bytes, r.data(), rc, d, DataType::uint8);
             }
+            if (kind == 4) c.allgather(s.data(), r.data(), bytes, DataType::uint8);
             c.barrier();  // an eager gather / scatter learns at the next call
             SHMRING_CHILD_CHECK(false, "rank %d: no error", me);
           } catch (const MismatchError&) {
