@@ -232,7 +232,7 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
        kind == CollectiveKind::alltoall) &&
       payload <= detail::kLowLatencyBytes && !forced_algorithm && size > 1)
     return Algorithm::low_latency;
-  // allgather at N=2 on CPUs of their own, blocks of 4 KiB to 1 MiB: the
+  // allgather at N=2 on CPUs of their own, blocks of 4 KiB to 2 MiB: the
   // staged rounds (allgatherv's, staged.cpp), whose single-copy round reads
   // each block straight from its writer. allgather_perf at N=2 on the Intel
   // VM of bench/README.md (tenth session), total size, direct or ring /
@@ -240,12 +240,15 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   // 1.29-1.31; 32 KiB 4.34-4.35 / 2.00-2.02 / 3.51-3.57; 128 KiB
   // 11.4-11.7 / 4.51-4.53 / 8.56-8.71; 512 KiB 31.4-32.2 / 14.5-15.1 /
   // 32.5-33.3; 2 MiB 174-176 / 128-132 / 187-192 (Open MPI at 32 KiB 2.59,
-  // 256 KiB 8.50, 1 MiB 40.4). From 1 MiB blocks the ring stays: one copy
-  // gained 0-4% there and two copies (where a rank cannot read another's
-  // memory) lost 7%. Up to 2 KiB blocks, and at N=3, 4 on the 2 CPUs, the
-  // paths were level. Every input here is the same on every rank.
+  // 256 KiB 8.50, 1 MiB 40.4, 2 MiB 165). At 1 MiB blocks two copies
+  // (where a rank cannot read another's memory) lose 7% to the ring, one
+  // copy gains 25%; from 2 MiB blocks the ring stays: one copy gained 4-6%
+  // there (4 MiB in all: 339-348 against 355-372; Open MPI 340-355), two
+  // copies lost up to 25% (uneven allgatherv, 16 MiB). Up to 2 KiB blocks,
+  // and at N=3, 4 on the 2 CPUs, the paths were level. Every input here is
+  // the same on every rank.
   if (kind == CollectiveKind::allgather && size == 2 && !forced_algorithm &&
-      !config.oversubscribed && payload >= 4 * 1024 && payload < 1024 * 1024)
+      !config.oversubscribed && payload >= 4 * 1024 && payload < 2 * 1024 * 1024)
     return Algorithm::staged;
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (forced_algorithm == Algorithm::ring) return Algorithm::ring;

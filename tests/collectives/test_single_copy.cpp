@@ -846,7 +846,7 @@ TEST_CASE("single copy, SHMRING_CMA_LARGE=1 and 0: blocks of 8 KiB and past 256 
       {DataType::float64, 1310721, 8}, {DataType::int8, (9u << 20) + 5, 1},
       {DataType::int8, 16383, 2},      {DataType::int8, 16384, 1},     // scatter: eager / rounds
       {DataType::int8, 4095, 3},       {DataType::int8, 4096, 0},      // allgather: direct / rounds
-      {DataType::int8, 1048575, 1},    {DataType::int8, 1048576, 0}};  // allgather: rounds / ring
+      {DataType::int8, 2097151, 1},    {DataType::int8, 2097152, 0}};  // allgather: rounds / ring
   for (auto [n, large] : {std::pair{2, "1"}, std::pair{3, "1"}, std::pair{2, "0"}}) {
     INFO("N=", n, " SHMRING_CMA_LARGE=", large);
     ScopedEnv env("SHMRING_CMA_LARGE", large);
@@ -932,7 +932,7 @@ TEST_CASE("single copy: mismatched calls around the round's range fail every ran
   const Pair pairs[] = {{0, 0, 4000, 120000},   {0, 0, 120000, 300000}, {0, 0, 65535, 65536},
                         {1, 1, 120000, 100},    {2, 2, 200000, 262145}, {0, 1, 100000, 100000},
                         {3, 3, 100000, 100001}, {1, 2, 100000, 100000}, {2, 2, 16383, 16384},
-                        {2, 2, 16384, 100},     {4, 4, 4095, 4096},     {4, 4, 100000, 1048576},
+                        {2, 2, 16384, 100},     {4, 4, 4095, 4096},     {4, 4, 100000, 2097152},
                         {4, 3, 100000, 100000}};
   for (const Pair& p : pairs) {
     INFO("kinds ", p.kind0, "/", p.kind1, " bytes ", p.bytes0, "/", p.bytes1);
