@@ -75,6 +75,38 @@ void call(bool nonblocking, F blocking, G immediate) {
   }
 }
 
+// allgatherv of val(rank, i) blocks of rc[rank] elements, laid out by
+// reverse_displs: out of place (blocking), then in place (the i-form when
+// `nb_in_place`); every element of every block, and nothing in the gaps.
+void allgatherv_both_forms(Communicator& c, const std::vector<std::size_t>& rc, bool nb_in_place,
+                           const char* what) {
+  const int me = c.rank();
+  std::vector<std::size_t> d;
+  std::vector<std::int32_t> out(reverse_displs(rc, d), -7), in(rc[me]);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
+  for (bool in_place : {false, true}) {
+    std::fill(out.begin(), out.end(), -7);
+    const void* send = in.data();
+    if (in_place) {
+      std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
+      send = out.data() + d[me];
+    }
+    call(
+        in_place && nb_in_place,
+        [&] { c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32); },
+        [&] { return c.iallgatherv(send, rc[me], out.data(), rc, d, DataType::int32); });
+    for (std::size_t j = 0; j < rc.size(); ++j)
+      for (std::size_t i = 0; i < rc[j]; ++i)
+        SHMRING_CHILD_CHECK(out[d[j] + i] == val(static_cast<int>(j), i),
+                            "%s: rank %d in_place %d from %zu [%zu] = %d", what, me, in_place, j, i,
+                            out[d[j] + i]);
+    std::size_t touched = 0;
+    for (auto x : out) touched += x != -7;
+    SHMRING_CHILD_CHECK(touched == std::accumulate(rc.begin(), rc.end(), std::size_t{0}),
+                        "%s: rank %d in_place %d wrote outside the blocks", what, me, in_place);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("alltoall: block j of rank i lands in block i of rank j") {
@@ -237,33 +269,9 @@ TEST_CASE("allgatherv: uneven counts with zeros, displacements out of order, in 
       for (bool big : {false, true}) {
         if (big && n > 3) continue;
         check_all(run_ranks(n, [&](Communicator& c) {
-          const int me = c.rank();
-          std::vector<std::size_t> rc = counts_for(n), d;
+          std::vector<std::size_t> rc = counts_for(n);
           if (big) rc[n - 1] = kBig;
-          std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
-          std::vector<std::int32_t> in(rc[me]);
-          for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
-          int round = 0;
-          for (bool in_place : {false, true}) {
-            std::fill(out.begin(), out.end(), -7);
-            const void* send = in.data();
-            if (in_place) {
-              std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
-              send = out.data() + d[me];
-            }
-            const bool nb = (round++ % 2) == 1;
-            call(
-                nb, [&] { c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32); },
-                [&] { return c.iallgatherv(send, rc[me], out.data(), rc, d, DataType::int32); });
-            for (int j = 0; j < n; ++j)
-              for (std::size_t i = 0; i < rc[j]; ++i)
-                SHMRING_CHILD_CHECK(out[d[j] + i] == val(j, i), "rank %d from %d [%zu] = %d", me, j,
-                                    i, out[d[j] + i]);
-            std::size_t touched = 0;
-            for (auto x : out) touched += x != -7;
-            SHMRING_CHILD_CHECK(touched == std::accumulate(rc.begin(), rc.end(), std::size_t{0}),
-                                "rank %d: wrote outside the blocks", me);
-          }
+          allgatherv_both_forms(c, rc, true, "allgatherv");
         }));
       }
       unsetenv("SHMRING_ALGO");
@@ -278,27 +286,9 @@ TEST_CASE("allgatherv: large uneven blocks at N=2 take the ring, even ones one c
   for (bool even : {false, true}) {
     INFO("even=", even);
     check_all(run_ranks(2, [&](Communicator& c) {
-      const int me = c.rank();
       const std::size_t unit = (std::size_t{1} << 21) + 5;  // 8 MiB + 20 bytes of int32
-      std::vector<std::size_t> rc = {even ? unit * 3 / 2 : unit, even ? unit * 3 / 2 : 2 * unit}, d;
-      std::vector<std::int32_t> out(reverse_displs(rc, d), -7);
-      std::vector<std::int32_t> in(rc[me]);
-      for (std::size_t i = 0; i < in.size(); ++i) in[i] = val(me, i);
-      for (bool in_place : {false, true}) {
-        std::fill(out.begin(), out.end(), -7);
-        const void* send = in.data();
-        if (in_place) {
-          std::copy(in.begin(), in.end(), out.begin() + static_cast<long>(d[me]));
-          send = out.data() + d[me];
-        }
-        c.allgatherv(send, rc[me], out.data(), rc, d, DataType::int32);
-        std::size_t bad = 0, touched = 0;
-        for (int j = 0; j < 2; ++j)
-          for (std::size_t i = 0; i < rc[j]; ++i) bad += out[d[j] + i] != val(j, i);
-        for (auto x : out) touched += x != -7;
-        SHMRING_CHILD_CHECK(bad == 0, "rank %d in_place %d: %zu wrong elements", me, in_place, bad);
-        SHMRING_CHILD_CHECK(touched == rc[0] + rc[1], "rank %d: wrote outside the blocks", me);
-      }
+      allgatherv_both_forms(c, {even ? unit * 3 / 2 : unit, even ? unit * 3 / 2 : 2 * unit}, false,
+                            "allgatherv");
     }));
   }
 }
@@ -1121,25 +1111,8 @@ void single_copy_sweep(Communicator& c) {
                               "scatter count %zu root %d [%zu] = %d", count, root, i, got[i]);
       }
     // Uneven: one block in the range, the other below it, empty or past it.
-    for (std::size_t other : {0u, 100u, 20000u, 90000u}) {
-      std::vector<std::size_t> rc = {count, other}, d;
-      std::vector<std::int32_t> all(reverse_displs(rc, d), -7), mine(rc[me]);
-      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = val(me, i);
-      for (bool in_place : {false, true}) {
-        std::fill(all.begin(), all.end(), -7);
-        const void* send = mine.data();
-        if (in_place) {
-          std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(d[me]));
-          send = all.data() + d[me];
-        }
-        c.allgatherv(send, rc[me], all.data(), rc, d, DataType::int32);
-        for (int j = 0; j < n; ++j)
-          for (std::size_t i = 0; i < rc[j]; ++i)
-            SHMRING_CHILD_CHECK(all[d[j] + i] == val(j, i),
-                                "allgatherv counts %zu,%zu in_place %d: from %d [%zu] = %d", count,
-                                other, in_place, j, i, all[d[j] + i]);
-      }
-    }
+    for (std::size_t other : {0u, 100u, 20000u, 90000u})
+      allgatherv_both_forms(c, {count, other}, false, "allgatherv, one block in the range");
   }
 }
 
