@@ -1,7 +1,7 @@
-// Staged collectives: alltoall, alltoallv, gather, scatter, allgatherv and
-// reduce_scatter_v, moved in rounds through buffers of the writer's own in
-// the segment: the direct buffers for small blocks, the slot area for big
-// ones. Nothing grows with N beyond the per-rank areas the segment already has.
+// Staged collectives: alltoall, alltoallv, gather, scatter, allgatherv,
+// reduce_scatter_v and (at N=2, 4 KiB to 2 MiB blocks: choose()) allgather, moved in rounds through
+// buffers of the writer's own in the segment: the direct buffers for small blocks, the slot area
+// for big ones. Nothing grows with N beyond the per-rank areas the segment already has.
 //
 // Terms (reflected in the names below):
 //   writer, reader - a rank that puts data into its own staging buffer, and a
@@ -46,6 +46,8 @@
 //   scatter(count)       L = N-1; the root writes (N-1)*count*e bytes, every
 //                        other rank reads its count*e.
 //   allgatherv           L = 1 (every rank reads every buffer); header.
+//   allgather            as allgatherv with equal blocks in rank order; no
+//                        header (the count is in the descriptor).
 //   reduce_scatter_v     L = N (a writer's own block goes through its own
 //                        lane too, so that no source aliases the output); the
 //                        reader of block r reduces lane r of every buffer in
@@ -55,7 +57,7 @@
 // A rank's own block never travels: it is copied locally (or left in place).
 //
 // Single copy (alltoall, alltoallv whose send blocks are packed, gather,
-// scatter, allgatherv). When the largest block is single_copy_min() to
+// scatter, allgatherv, allgather). When the largest block is single_copy_min() to
 // single_copy_max() (64-256 KiB, a scatter's to 512 KiB; where
 // process_vm_readv is nearly as fast as memcpy, from 8 KiB with no upper
 // bound, a gather's to 512 KiB; where ranks share CPUs, only scatter, and
