@@ -600,13 +600,15 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   // Before the segment: a bad SHMRING_MEMBARRIER fails here, and the rank
   // publishes the result as it attaches.
   req.asymmetric_fence = detail::register_asymmetric_fence();
+  req.oversubscribed = cfg.oversubscribed_request;
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
   cfg.direct_bytes = c.seg->direct_bytes();
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
-  detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus());
+  detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus(),
+                          c.seg->oversubscribed_request());
   cfg.asymmetric_fence = c.seg->all_asymmetric_fence();
   c.light_publish = cfg.asymmetric_fence;
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);

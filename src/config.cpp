@@ -192,7 +192,7 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-void apply_placement(Config& c, int my_cpus, int job_cpus) {
+void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
   c.job_cpus = std::max(1, job_cpus);
   // More ranks than the CPUs their affinity masks cover together: a waiter
   // that spins steals the CPU its producer needs. Judged on the union of
@@ -200,7 +200,12 @@ void apply_placement(Config& c, int my_cpus, int job_cpus) {
   // core) are not oversubscribed while a whole job under `taskset -c 0,1`
   // is (on the 16-core device, 4 such ranks spinning were 3-6x slower than
   // Open MPI below 4 KiB).
-  c.oversubscribed = c.world_size > c.job_cpus;
+  // A layer above may know of busy processes outside the job (shmring's
+  // MPI layer: other fake nodes' ranks on this machine). 2 fake nodes x 2
+  // ranks on the 2-CPU VM, hierarchical allreduce, 5 interleaved fresh runs
+  // (bench/README.md, eleventh session): 2 MiB 1160-1878 us with the
+  // setting against 1254-2177 without, 4 MiB 2255-2722 against 3159-5288.
+  c.oversubscribed = job_request >= 0 ? job_request == 1 : c.world_size > c.job_cpus;
   // 5 us of spinning catches a peer running on its own core as well as 50 us
   // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
   // deschedules the peer (then a wait costs the spin before it yields).
@@ -402,6 +407,23 @@ Config resolve_config_impl(const Options& o, Config& c) {
           fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 or never, 1 or always", *raw));
   }
   if (auto m = env_int("SHMRING_MIGRATE", 0, 1)) c.migrate = *m != 0;
+  if (o.oversubscribed < -1 || o.oversubscribed > 1)
+    throw InvalidArgumentError(
+        fmt::format("Options::oversubscribed={}: expected 1 (waits never spin), 0 (they may) or -1 "
+                    "(SHMRING_OVERSUBSCRIBED, else automatic)",
+                    o.oversubscribed));
+  c.oversubscribed_request = o.oversubscribed;
+  if (c.oversubscribed_request < 0) {
+    if (auto raw = env_string("SHMRING_OVERSUBSCRIBED")) {
+      if (*raw == "1")
+        c.oversubscribed_request = 1;
+      else if (*raw == "0")
+        c.oversubscribed_request = 0;
+      else if (*raw != "auto")
+        throw InvalidArgumentError(
+            fmt::format("SHMRING_OVERSUBSCRIBED='{}': expected 1, 0 or auto", *raw));
+    }
+  }
   return c;
 }
 }  // namespace

@@ -36,10 +36,12 @@ int affinity_cpus();
 
 /// Fills the settings that depend on where the ranks run, once every rank
 /// has attached: `my_cpus` is this rank's affinity mask size, `job_cpus` the
-/// size of the union of all ranks' masks. Sets job_cpus and oversubscribed
-/// (ranks > job_cpus), and, unless set explicitly, spin_us and yield_us (no
-/// spin when oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
-void apply_placement(Config& c, int my_cpus, int job_cpus);
+/// size of the union of all ranks' masks, `job_request` the ranks' combined
+/// Options::oversubscribed (-1 automatic, 0, 1: Segment::oversubscribed_request).
+/// Sets job_cpus and oversubscribed (the request, else ranks > job_cpus),
+/// and, unless set explicitly, spin_us and yield_us (no spin when
+/// oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
+void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1);
 
 /// Stable identity of this host and boot: FNV-1a of hostname and boot id.
 std::uint64_t host_hash();

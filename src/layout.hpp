@@ -28,13 +28,13 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    12;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    13;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
          // 104-byte low-latency lines; 11: eager blocks of 8 lines;
          // 12: Counter's futex words on a line of their own,
-         // RankInfo::asymmetric_fence
+         // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -141,6 +141,9 @@ struct alignas(kLine) RankInfo {
   // call it (wait.hpp); written before `state`. Counters publish without a
   // fence only when every rank's is 1.
   std::atomic<std::uint32_t> asymmetric_fence;
+  // The rank's Options::oversubscribed (-1 automatic, 0, 1), written before
+  // `state`; Segment::oversubscribed_request combines them.
+  std::atomic<std::int32_t> oversubscribed;
   // The rank's affinity mask when it attached (bit c = CPU c), written before
   // `state` is published; the union over ranks tells oversubscription.
   std::atomic<std::uint64_t> cpus[kCpuMaskWords];

@@ -325,9 +325,11 @@ std::int64_t linked_ctime_ns(int fd) {
 }
 
 // This process's affinity mask into `info.cpus` (all CPUs if unreadable),
-// and whether it takes part in the asymmetric fence (wait.hpp).
-void publish_cpus(RankInfo& info, bool asymmetric_fence) {
-  info.asymmetric_fence.store(asymmetric_fence ? 1 : 0, std::memory_order_relaxed);
+// whether it takes part in the asymmetric fence (wait.hpp), and its
+// Options::oversubscribed.
+void publish_cpus(RankInfo& info, const SegmentRequest& req) {
+  info.asymmetric_fence.store(req.asymmetric_fence ? 1 : 0, std::memory_order_relaxed);
+  info.oversubscribed.store(req.oversubscribed, std::memory_order_relaxed);
   info.cpu.store(-1, std::memory_order_relaxed);  // not known until its first wait
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -656,7 +658,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     h.creator_pid = getpid();
     h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
     RankArea& mine = seg->rank_area(0);
-    publish_cpus(mine.info, req.asymmetric_fence);
+    publish_cpus(mine.info, req);
     mine.info.pid.store(getpid(), std::memory_order_relaxed);
     mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
     mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),
@@ -811,7 +813,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     rethrow(
         collide(seg->header_, duplicate_rank_message(me, req.name, mine.info.pid.load(), kind)));
   }
-  publish_cpus(mine.info, req.asymmetric_fence);
+  publish_cpus(mine.info, req);
   mine.info.pid.store(getpid(), std::memory_order_relaxed);
   mine.info.host_hash.store(req.host_hash, std::memory_order_relaxed);
   mine.info.probe_addr.store(reinterpret_cast<std::uint64_t>(&mine.info.probe_addr),
@@ -828,6 +830,16 @@ bool Segment::all_asymmetric_fence() {
   for (int r = 0; r < world_size_; ++r)
     if (rank_area(r).info.asymmetric_fence.load(std::memory_order_relaxed) == 0) return false;
   return true;
+}
+
+int Segment::oversubscribed_request() {
+  bool all_no = true;
+  for (int r = 0; r < world_size_; ++r) {
+    const std::int32_t v = rank_area(r).info.oversubscribed.load(std::memory_order_relaxed);
+    if (v == 1) return 1;
+    all_no = all_no && v == 0;
+  }
+  return all_no ? 0 : -1;
 }
 
 int Segment::job_cpus() {

@@ -31,6 +31,9 @@ struct SegmentRequest {
   // This process registered for the asymmetric fence (wait.hpp
   // register_asymmetric_fence()); published as RankInfo::asymmetric_fence.
   bool asymmetric_fence = false;
+  // Options::oversubscribed as this rank resolved it (-1, 0, 1); published
+  // as RankInfo::oversubscribed.
+  int oversubscribed = -1;
 };
 
 class Segment {
@@ -54,6 +57,9 @@ class Segment {
   /// that counters may be published without a fence (after
   /// wait_all_attached).
   bool all_asymmetric_fence();
+  /// The ranks' Options::oversubscribed together (after wait_all_attached):
+  /// 1 when any rank asked for 1, 0 when every rank asked for 0, else -1.
+  int oversubscribed_request();
 
   Header& header() { return *header_; }
   RankArea& rank_area(int r) {

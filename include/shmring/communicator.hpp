@@ -36,6 +36,16 @@ struct Options {
   /// Deadline of every wait, seconds, 0.001..1e9; 0: SHMRING_TIMEOUT, else
   /// 300. Anything else (negative, NaN) is an InvalidArgumentError.
   double timeout_s = 0;
+  /// Whether the ranks share their CPUs with other busy processes, so that
+  /// a wait must not spin (it yields, then sleeps): 1 yes, 0 no, -1
+  /// SHMRING_OVERSUBSCRIBED, else automatic (more ranks than the CPUs their
+  /// affinity masks cover together). Set it where the busy processes are
+  /// outside this communicator: shmring's MPI layer does for node
+  /// communicators whose machine runs more ranks, of all nodes together,
+  /// than it has CPUs; Open MPI's mpi_yield_when_idle is the same idea. The
+  /// job's setting: 1 when any rank asks for 1, 0 when every rank asks for
+  /// 0, else automatic. Any other value is an InvalidArgumentError.
+  int oversubscribed = -1;
 };
 
 /// When slot copies use non-temporal (streaming) stores. `automatic` uses
@@ -62,7 +72,12 @@ struct Config {
   double yield_us = 0;
   std::size_t direct_bytes = 0;  ///< Largest per-rank message of the direct (small) path.
   int job_cpus = 0;              ///< CPUs the ranks' affinity masks cover together.
-  bool oversubscribed = false;   ///< More ranks than job_cpus: waits do not spin.
+  /// Waits do not spin: the job's Options::oversubscribed, or automatic
+  /// (more ranks than job_cpus).
+  bool oversubscribed = false;
+  /// This rank's Options::oversubscribed or SHMRING_OVERSUBSCRIBED: -1
+  /// automatic, 0 or 1 (combined over the ranks into `oversubscribed`).
+  int oversubscribed_request = -1;
   /// Every rank registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
   /// (none set SHMRING_MEMBARRIER=0, no kernel or seccomp refused): ranks
   /// publish their counters without a fence and a rank about to sleep

@@ -80,6 +80,9 @@ struct Communicator::Impl {
   /// masks) per rank of this communicator on it: the pipelined shards path
   /// needs two busy threads per rank (SHMRING_MPI_PIECE_BYTES unset or auto).
   bool spare_cpus_everywhere() const;
+  /// Whether this rank's machine runs more ranks (of all nodes) than the
+  /// CPUs their affinity masks cover together (after setup gathered cpu_info).
+  bool machine_oversubscribed() const;
   void teardown() noexcept;
 
   // communicator.cpp: the error policy. Every shmring call of a stage runs

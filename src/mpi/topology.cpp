@@ -115,6 +115,22 @@ bool Communicator::Impl::spare_cpus_everywhere() const {
   return true;
 }
 
+bool Communicator::Impl::machine_oversubscribed() const {
+  // This rank's machine: its ranks, of every node, against the union of
+  // their affinity masks.
+  const std::uint64_t me = cpu_info[static_cast<std::size_t>(rank)].machine;
+  std::array<std::uint64_t, 16> mask{};
+  int ranks = 0;
+  for (const auto& info : cpu_info) {
+    if (info.machine != me) continue;
+    for (std::size_t w = 0; w < mask.size(); ++w) mask[w] |= info.mask[w];
+    ++ranks;
+  }
+  int cpus = 0;
+  for (std::uint64_t w : mask) cpus += std::popcount(w);
+  return ranks > cpus;
+}
+
 void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -232,6 +248,14 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   o.local_rank = local_rank;
   o.local_world_size = local_size;
   o.job_id = job_id;
+  // The node communicator sees only its own ranks' CPUs. Where this
+  // machine runs more ranks (other nodes' too: containers, fake nodes) than
+  // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
+  // x 2 ranks on 2 CPUs: bench/README.md, eleventh session). The caller's
+  // Options::node or SHMRING_OVERSUBSCRIBED, when set, decides instead.
+  const char* env = std::getenv("SHMRING_OVERSUBSCRIBED");
+  if (o.oversubscribed < 0 && (env == nullptr || *env == '\0') && machine_oversubscribed())
+    o.oversubscribed = 1;
   // A bad setting throws alike on every rank before any segment exists: it
   // goes back to the caller. Anything later (a rank that never arrives, a
   // full /dev/shm) follows the error policy.

@@ -281,6 +281,22 @@ TEST_CASE("placement: threads, spin and oversubscription from the ranks' affinit
   detail::apply_placement(e, 2, 2);
   CHECK((e.threads == 3 && e.spin_us == 7 && e.yield_us == 9));
   CHECK(e.oversubscribed);
+  // The job's Options::oversubscribed overrides the masks either way.
+  auto requested = [](int world, int job_cpus, int request) {
+    Config r;
+    r.world_size = r.local_world_size = world;
+    r.spin_us = r.yield_us = -1;
+    detail::apply_placement(r, job_cpus, job_cpus, request);
+    return r;
+  };
+  c = requested(2, 16, 1);
+  CHECK(c.oversubscribed);
+  CHECK(c.spin_us == 0);
+  c = requested(4, 2, 0);
+  CHECK_FALSE(c.oversubscribed);
+  CHECK(c.spin_us > 0);
+  CHECK(requested(4, 2, -1).oversubscribed);
+  CHECK_FALSE(requested(2, 16, -1).oversubscribed);
 }
 
 TEST_CASE("the job's CPUs are the union of every rank's affinity mask") {
@@ -307,6 +323,73 @@ TEST_CASE("the job's CPUs are the union of every rank's affinity mask") {
       int x = r + 1;
       comm.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
       SHMRING_CHILD_CHECK(x == 3, "x=%d", x);
+    });
+    CHECK(test::all_zero(status));
+  }
+}
+
+TEST_CASE("Options::oversubscribed and SHMRING_OVERSUBSCRIBED: one setting for the whole job") {
+  // Ranks on 2 CPUs of their own (or unbound on more) are not oversubscribed
+  // by their masks; a request from any rank makes the job so on every rank,
+  // since the ranks' algorithm choices must agree.
+  const bool spare = std::thread::hardware_concurrency() >= 2;
+  struct Case {
+    int request0, request1;  // -1 automatic, 0, 1; 2: SHMRING_OVERSUBSCRIBED=1 instead
+    bool want;
+  };
+  for (Case k : {Case{-1, -1, !spare}, Case{1, -1, true}, Case{-1, 2, true}, Case{0, 1, true},
+                 Case{0, 0, false}}) {
+    INFO("requests ", k.request0, " ", k.request1);
+    const std::string job = test::unique_job_id("oversub");
+    auto status = test::run_processes(2, [&](int r) {
+      const int request = r == 0 ? k.request0 : k.request1;
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.job_id = job;
+      if (request == 2)
+        setenv("SHMRING_OVERSUBSCRIBED", "1", 1);
+      else
+        o.oversubscribed = request;
+      Communicator c(o);
+      SHMRING_CHILD_CHECK(c.config().oversubscribed == k.want, "rank %d: oversubscribed %d", r,
+                          static_cast<int>(c.config().oversubscribed));
+      SHMRING_CHILD_CHECK((c.config().spin_us == 0) == k.want, "rank %d: spin %g", r,
+                          c.config().spin_us);
+      // The paths chosen from it agree: allgathers on both sides of its
+      // staged window at N=2 (160 KiB to 640 KiB blocks when oversubscribed).
+      for (std::size_t bytes : {std::size_t{8}, std::size_t{160} * 1024 - 1,
+                                std::size_t{160} * 1024, std::size_t{640} * 1024}) {
+        std::vector<std::uint8_t> mine(bytes), all(2 * bytes);
+        for (std::size_t i = 0; i < bytes; ++i) mine[i] = static_cast<std::uint8_t>(i * 7 + r);
+        c.allgather(mine.data(), all.data(), bytes, DataType::uint8);
+        for (int q = 0; q < 2; ++q)
+          for (std::size_t i = 0; i < bytes; i += 997)
+            SHMRING_CHILD_CHECK(all[q * bytes + i] == static_cast<std::uint8_t>(i * 7 + q),
+                                "rank %d: %zu bytes, block %d, byte %zu", r, bytes, q, i);
+      }
+    });
+    CHECK(test::all_zero(status));
+  }
+  // A bad value is refused before any segment exists, naming it.
+  for (const char* bad_env : {static_cast<const char*>(nullptr), "yes"}) {
+    auto status = test::run_processes(1, [&](int) {
+      Options o;
+      o.rank = 0;
+      o.world_size = 1;
+      o.job_id = test::unique_job_id("oversub-bad");
+      if (bad_env)
+        setenv("SHMRING_OVERSUBSCRIBED", bad_env, 1);
+      else
+        o.oversubscribed = 2;
+      std::string what;
+      try {
+        Communicator c(o);
+      } catch (const InvalidArgumentError& e) {
+        what = e.what();
+      }
+      const std::string want = bad_env ? "SHMRING_OVERSUBSCRIBED='yes'" : "oversubscribed=2";
+      SHMRING_CHILD_CHECK(what.find(want) != std::string::npos, "message: '%s'", what.c_str());
     });
     CHECK(test::all_zero(status));
   }

@@ -512,6 +512,24 @@ int main(int argc, char** argv) {
                        spare ? "pipelining (> 0)" : "0 (one piece)");
           record(ok);
         }
+        // The node communicator yields to the other nodes' ranks where the
+        // machine's CPUs are fewer than all its ranks (unless the caller
+        // set SHMRING_OVERSUBSCRIBED; then its value decides).
+        if (std::getenv("SHMRING_OVERSUBSCRIBED") == nullptr) {
+          cpu_set_t mine, all;
+          CPU_ZERO(&mine);
+          sched_getaffinity(0, sizeof mine, &mine);
+          MPI_Allreduce(&mine, &all, sizeof mine, MPI_BYTE, MPI_BOR, MPI_COMM_WORLD);
+          const bool crowded = g_size > CPU_COUNT(&all);
+          const bool ok = comm.node_communicator().config().oversubscribed == crowded;
+          if (!ok)
+            fmt::print(stderr,
+                       "rank {}: FAIL node communicator oversubscribed={} with {} CPUs for {} "
+                       "ranks on this machine\n",
+                       g_rank, comm.node_communicator().config().oversubscribed, CPU_COUNT(&all),
+                       g_size);
+          record(ok);
+        }
         if (expect_nodes > 0) {
           const bool ok = comm.num_nodes() == expect_nodes;
           if (!ok)
