@@ -245,11 +245,23 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
   // copy gains 25%; from 2 MiB blocks the ring stays: one copy gained 4-6%
   // there (4 MiB in all: 339-348 against 355-372; Open MPI 340-355), two
   // copies lost up to 25% (uneven allgatherv, 16 MiB). Up to 2 KiB blocks,
-  // and at N=3, 4 on the 2 CPUs, the paths were level. Every input here is
-  // the same on every rank.
-  if (kind == CollectiveKind::allgather && size == 2 && !forced_algorithm &&
-      !config.oversubscribed && payload >= 4 * 1024 && payload < 2 * 1024 * 1024)
-    return Algorithm::staged;
+  // and at N=3, 4 on the 2 CPUs, the paths were level.
+  //   Oversubscribed, every wait can cost a context switch, and there is no
+  // single copy for allgather (staged.cpp single_copy_min): the staged
+  // rounds win only where they wait less often than the ring, whose slots
+  // (256 KiB by default) carry a block piecewise, while a big round carries
+  // half the slot area (512 KiB). N=2 under `taskset -c 0` (eleventh
+  // session, total size, ring / staged, us): 256 KiB 12.8 / 14.7; 362 KiB
+  // 20.3-21.4 / 19.0; 512 KiB 40.6-42.6 / 27.6-28.3; 1 MiB 125.7-127.0 /
+  // 96.4-98.1; 1.4 MiB 180.6-182.3 / 179.0-180.9; 2 MiB 256-260 / 296-298.
+  // The node communicators of shmring's MPI layer on fake nodes meet this
+  // (2 x 2 ranks on 2 CPUs: 512 KiB blocks in a 1 MiB allreduce). Every
+  // input here is the same on every rank.
+  if (kind == CollectiveKind::allgather && size == 2 && !forced_algorithm) {
+    const bool staged = config.oversubscribed ? payload >= 160 * 1024 && payload < 640 * 1024
+                                              : payload >= 4 * 1024 && payload < 2 * 1024 * 1024;
+    if (staged) return Algorithm::staged;
+  }
   if (payload > seg->direct_bytes()) return Algorithm::ring;
   if (forced_algorithm == Algorithm::ring) return Algorithm::ring;
   if (forced_algorithm == Algorithm::two_shot && kind == CollectiveKind::allreduce)

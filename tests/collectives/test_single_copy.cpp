@@ -750,9 +750,13 @@ bool can_make_ranks_unreadable() {
 // one that probed, with rank 1 turned non-dumpable in between: status 42 on
 // a rank whose second alltoall failed, 0 when it went through the slots.
 // SHMRING_CMA_LARGE per rank (nullptr: unset).
+// Rank 1 turns unreadable after the probe, then both call alltoall (or,
+// with `allgather`, allgather) on blocks of `bytes`: 42 on a rank means the
+// call took a single-copy read, 0 that it went through the segment.
 std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t bytes,
                                            const char* large0 = nullptr,
-                                           const char* large1 = nullptr, bool shared_cpus = false) {
+                                           const char* large1 = nullptr, bool shared_cpus = false,
+                                           bool allgather = false) {
   return test::run_processes(
       2,
       [&](int r) {
@@ -764,8 +768,8 @@ std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t b
         o.world_size = 2;
         o.job_id = job;
         o.timeout_s = 60;
+        o.oversubscribed = shared_cpus ? 1 : 0;
         Communicator c(o);
-        const_cast<Config&>(c.config()).oversubscribed = shared_cpus;
         const std::size_t total = std::max<std::size_t>(bytes, 100000) * 2;
         Buf s(total, 0), d(total, 0);
         fill(s, r, total, 3);
@@ -774,8 +778,13 @@ std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t b
         if (r == 1) prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
         c.barrier();
         try {
-          c.alltoall(s.data(), d.data(), bytes, DataType::uint8);
-          expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 3, "alltoall", 1, 0);
+          if (allgather) {
+            c.allgather(s.data() + r * bytes, d.data(), bytes, DataType::uint8);
+            expect(d.data() + (1 - r) * bytes, 1 - r, (1 - r) * bytes, bytes, 3, "allgather", 1, 0);
+          } else {
+            c.alltoall(s.data(), d.data(), bytes, DataType::uint8);
+            expect(d.data() + (1 - r) * bytes, 1 - r, r * bytes, bytes, 3, "alltoall", 1, 0);
+          }
           _exit(0);
         } catch (const Error& e) {
           std::fprintf(stderr, "rank %d got: %s\n", r, e.what());
@@ -919,6 +928,53 @@ TEST_CASE("single copy where ranks share CPUs: alltoall from 32 KiB blocks, not 
   auto st = alltoall_after_unreadable(test::unique_job_id("cmashared"), 16 << 10, "1", "1", true);
   CHECK(st[0] == 0);
   CHECK(st[1] == 0);
+}
+
+TEST_CASE("allgather at N=2 where ranks share CPUs: the staged rounds for 160-640 KiB blocks") {
+  // White-box: rank 0 alone is marked oversubscribed, so the two ranks
+  // choose alike only where both windows take the staged rounds (rank 1's:
+  // 4 KiB to 2 MiB blocks; rank 0's: 160 KiB to 640 KiB); elsewhere rank 0
+  // takes the ring and both ranks must fail with the path named, not hang.
+  // SHMRING_CMA=0, so that the flag changes nothing else inside the staged
+  // rounds (where ranks share CPUs an allgather takes no single copy). A
+  // real job never disagrees: Options::oversubscribed is combined over the
+  // ranks.
+  struct Edge {
+    std::size_t bytes;
+    bool agree;
+  };
+  for (Edge e : {Edge{(std::size_t{160} << 10) - 1, false}, Edge{std::size_t{160} << 10, true},
+                 Edge{(std::size_t{640} << 10) - 1, true}, Edge{std::size_t{640} << 10, false}}) {
+    INFO("bytes ", e.bytes);
+    const std::string job = test::unique_job_id("agshared");
+    auto st = test::run_processes(
+        2,
+        [&](int r) {
+          Options o;
+          o.rank = r;
+          o.world_size = 2;
+          o.job_id = job;
+          o.timeout_s = 60;
+          o.oversubscribed = 0;
+          setenv("SHMRING_CMA", "0", 1);
+          Communicator c(o);
+          const_cast<Config&>(c.config()).oversubscribed = r == 0;
+          Buf s(e.bytes, 0), d(2 * e.bytes, 0);
+          fill(s, r, e.bytes, 5);
+          try {
+            c.allgather(s.data(), d.data(), e.bytes, DataType::uint8);
+          } catch (const MismatchError& err) {
+            const bool named = std::string(err.what()).find("ring algorithm") != std::string::npos;
+            std::fprintf(stderr, "rank %d got: %s\n", r, err.what());
+            _exit(named ? 42 : 43);
+          }
+          for (int q = 0; q < 2; ++q)
+            expect(d.data() + q * e.bytes, q, 0, e.bytes, 5, "allgather", 0, 0);
+        },
+        120);
+    CHECK(st[0] == (e.agree ? 0 : 42));
+    CHECK(st[1] == (e.agree ? 0 : 42));
+  }
 }
 
 TEST_CASE("single copy: mismatched calls around the round's range fail every rank") {
