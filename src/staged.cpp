@@ -1209,9 +1209,15 @@ void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t ma
     --eager_pending_count;
     for (int q = 0; q < size; ++q) {
       if (q == rank || (gather && q != mine.root)) continue;
-      wait_counter(
-          reader_counter(q), coll + 1, q,
-          gather ? "the root to finish an eager gather" : "a rank to start an eager scatter");
+      // Every peer finished coll (so a scatter's readers announced it)
+      // when the least `done` we last saw (eager_entry) says so: then no
+      // read of a counter the peer writes every collective, whose line would
+      // otherwise move between the ranks on every call (N=2, back-to-back
+      // 8-byte gathers: 0.118-0.128 -> 0.102-0.109 us a call).
+      if (eager_peers_done < coll + 1)
+        wait_counter(
+            reader_counter(q), coll + 1, q,
+            gather ? "the root to finish an eager gather" : "a rank to start an eager scatter");
       const std::optional<CollectiveDesc> theirs = eager_desc_of(*this, q, coll);
       if (theirs && theirs->kind == mine.kind && theirs->count == mine.count &&
           theirs->dtype == mine.dtype && theirs->root == mine.root &&
