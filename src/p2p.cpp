@@ -46,7 +46,7 @@
 //        publishing headers_read: into the recv it matches when one is
 //        posted, else into its unmatched list. One hand-off instead of the
 //        staged path's three (header, active, slices; verdict).
-//      - single copy (>= SHMRING_CMA_MIN_BYTES, 64 KiB by default): r reads
+//      - single copy (>= SHMRING_CMA_MIN_BYTES, 16 KiB by default): r reads
 //        s's buffer with process_vm_readv (cross-memory attach): the bytes
 //        move once (from 4 MiB split in 1 MiB reads across r's reduction
 //        threads, when it has more than one). It needs ptrace access to s. When the kernel refuses

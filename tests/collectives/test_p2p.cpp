@@ -68,8 +68,9 @@ bool throws_as(F&& f, std::string* what = nullptr) {
 }
 
 // Counts that take every path: inline (<= 40 B), outbox (<= 16 KiB: 100,
-// 1000, 2048), staged (2049, 4096), single copy or staged in many slices
-// (8195, 2^20+3 int64 = 8 MiB + 24 B).
+// 1000, 2048), single copy from 16 KiB or staged where it is off or
+// refused (2049, 4096, 8195, 2^20+3 int64 = 8 MiB + 24 B; in many slices
+// when staged).
 const std::size_t kCounts[] = {0, 1, 3, 4, 5, 6, 100, 1000, 2048, 2049, 4096, 8195, (1u << 20) + 3};
 
 void ring_exchange(Communicator& comm) {
@@ -113,6 +114,13 @@ TEST_CASE("blocking send/recv around a ring, N=2, 3, 5, every path") {
       }
     })));
   }
+}
+
+TEST_CASE("single copy from 64 KiB only (SHMRING_CMA_MIN_BYTES): staged and single copy in turn") {
+  // 2049 and 4096 int64 (16-32 KiB) staged, 8195 and 2^20+3 in one copy.
+  setenv("SHMRING_CMA_MIN_BYTES", "65536", 1);
+  CHECK(test::all_zero(test::run_ranks(2, ring_exchange)));
+  unsetenv("SHMRING_CMA_MIN_BYTES");
 }
 
 TEST_CASE("the same with single-copy reads off (SHMRING_CMA=0): staged slices only") {
