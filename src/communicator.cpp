@@ -966,6 +966,10 @@ Communicator Communicator::split(int color, int key) {
   o.slot_bytes = c.config.slot_bytes;
   o.threads = c.config.threads;
   o.timeout_s = c.config.timeout_s;
+  // The parent's other ranks stay busy beside the child's (in their own
+  // children, or the parent): a crowded parent makes a crowded child, which
+  // could not tell from its own ranks' CPUs alone.
+  o.oversubscribed = c.config.oversubscribed ? 1 : c.config.oversubscribed_request;
   return Communicator(o);
 }
 

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <string_view>
 #include <unordered_map>
 
 #include "impl.hpp"
@@ -252,10 +253,10 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // machine runs more ranks (other nodes' too: containers, fake nodes) than
   // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
   // x 2 ranks on 2 CPUs: bench/README.md, eleventh session). The caller's
-  // Options::node or SHMRING_OVERSUBSCRIBED, when set, decides instead.
+  // Options::node or SHMRING_OVERSUBSCRIBED, when 0 or 1, decides instead.
   const char* env = std::getenv("SHMRING_OVERSUBSCRIBED");
-  if (o.oversubscribed < 0 && (env == nullptr || *env == '\0') && machine_oversubscribed())
-    o.oversubscribed = 1;
+  const bool env_auto = env == nullptr || *env == '\0' || std::string_view(env) == "auto";
+  if (o.oversubscribed < 0 && env_auto && machine_oversubscribed()) o.oversubscribed = 1;
   // A bad setting throws alike on every rank before any segment exists: it
   // goes back to the caller. Anything later (a rank that never arrives, a
   // full /dev/shm) follows the error policy.

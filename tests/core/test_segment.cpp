@@ -371,6 +371,29 @@ TEST_CASE("Options::oversubscribed and SHMRING_OVERSUBSCRIBED: one setting for t
     });
     CHECK(test::all_zero(status));
   }
+  // split(): a child of a crowded parent is crowded too (the parent's other
+  // ranks stay busy beside it), though its own ranks' CPUs would not say so;
+  // a parent's explicit 0 carries over likewise.
+  for (int parent_request : {1, 0}) {
+    INFO("parent request ", parent_request);
+    const std::string job = test::unique_job_id("oversub-split");
+    auto status = test::run_processes(4, [&](int r) {
+      Options o;
+      o.rank = r;
+      o.world_size = 4;
+      o.job_id = job;
+      o.oversubscribed = parent_request;
+      Communicator parent(o);
+      Communicator child = parent.split(r % 2);
+      SHMRING_CHILD_CHECK(child.config().oversubscribed == (parent_request == 1),
+                          "rank %d: child oversubscribed %d", r,
+                          static_cast<int>(child.config().oversubscribed));
+      int x = r;
+      child.allreduce(std::span<int>(&x, 1), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(x == (r % 2 == 0 ? 2 : 4), "rank %d: x=%d", r, x);
+    });
+    CHECK(test::all_zero(status));
+  }
   // A bad value is refused before any segment exists, naming it.
   for (const char* bad_env : {static_cast<const char*>(nullptr), "yes"}) {
     auto status = test::run_processes(1, [&](int) {

@@ -514,8 +514,9 @@ int main(int argc, char** argv) {
         }
         // The node communicator yields to the other nodes' ranks where the
         // machine's CPUs are fewer than all its ranks (unless the caller
-        // set SHMRING_OVERSUBSCRIBED; then its value decides).
-        if (std::getenv("SHMRING_OVERSUBSCRIBED") == nullptr) {
+        // set SHMRING_OVERSUBSCRIBED to 0 or 1; then its value decides).
+        const char* env = std::getenv("SHMRING_OVERSUBSCRIBED");
+        if (env == nullptr || *env == '\0' || std::string(env) == "auto") {
           cpu_set_t mine, all;
           CPU_ZERO(&mine);
           sched_getaffinity(0, sizeof mine, &mine);
