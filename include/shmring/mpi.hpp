@@ -52,7 +52,9 @@ struct Options {
   /// Empty: SHMRING_MPI_ALGO (auto, leaders, shards or flat), else auto.
   std::string algorithm;
   /// Allreduce messages of at least this many bytes take the shards path
-  /// (auto only). 0: SHMRING_MPI_SHARDS_BYTES, else the built-in default.
+  /// (auto only). 0: SHMRING_MPI_SHARDS_BYTES, else the built-in default:
+  /// 64 KiB, or 4 MiB where some machine runs more ranks than it has CPUs
+  /// (there the leaders' path, with fewer busy ranks, measured faster).
   std::size_t shards_bytes = 0;
   /// The shards path cuts a message into pieces of about this many bytes
   /// (at most 16) and overlaps their stages: one piece's MPI allreduce

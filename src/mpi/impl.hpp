@@ -80,9 +80,13 @@ struct Communicator::Impl {
   /// masks) per rank of this communicator on it: the pipelined shards path
   /// needs two busy threads per rank (SHMRING_MPI_PIECE_BYTES unset or auto).
   bool spare_cpus_everywhere() const;
-  /// Whether this rank's machine runs more ranks (of all nodes) than the
-  /// CPUs their affinity masks cover together (after setup gathered cpu_info).
+  /// Whether this rank's machine (or `machine`, a boot id hash of cpu_info)
+  /// runs more ranks, of all nodes, than the CPUs their affinity masks cover
+  /// together; any_...: whether some machine does (after setup gathered
+  /// cpu_info; the same on every rank).
   bool machine_oversubscribed() const;
+  bool machine_oversubscribed(std::uint64_t machine) const;
+  bool any_machine_oversubscribed() const;
   void teardown() noexcept;
 
   // communicator.cpp: the error policy. Every shmring call of a stage runs
@@ -149,6 +153,15 @@ struct Communicator::Impl {
 /// machine (bench/README.md): shards as fast as leaders or faster by median
 /// from 4 KiB, by both median and best round from 64 KiB.
 inline constexpr std::size_t kDefaultShardsBytes = 64 * 1024;
+
+/// The same where some machine runs more ranks than it has CPUs (its node
+/// communicators are oversubscribed). 2 fake nodes x 2 ranks on 2 CPUs,
+/// bench/compare --hier-algos auto,leaders --repeat 9 (bench/README.md,
+/// eleventh session), median us, shards / leaders: 256 KiB 184 / 168, 512
+/// KiB 308 / 265, 1 MiB 611 / 552, 2 MiB 1296 / 1160, 4 MiB 2768 / 2837;
+/// in three shorter runs leaders was ahead at 64-512 KiB in all of them, at
+/// 2 MiB in all, at 1 MiB in two of four.
+inline constexpr std::size_t kCrowdedShardsBytes = 4 * 1024 * 1024;
 
 /// The pipelined shards allreduce cuts messages into pieces of about this
 /// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most

@@ -116,20 +116,28 @@ bool Communicator::Impl::spare_cpus_everywhere() const {
   return true;
 }
 
-bool Communicator::Impl::machine_oversubscribed() const {
-  // This rank's machine: its ranks, of every node, against the union of
-  // their affinity masks.
-  const std::uint64_t me = cpu_info[static_cast<std::size_t>(rank)].machine;
+bool Communicator::Impl::machine_oversubscribed(std::uint64_t machine) const {
+  // The machine's ranks, of every node, against the union of their
+  // affinity masks.
   std::array<std::uint64_t, 16> mask{};
   int ranks = 0;
   for (const auto& info : cpu_info) {
-    if (info.machine != me) continue;
+    if (info.machine != machine) continue;
     for (std::size_t w = 0; w < mask.size(); ++w) mask[w] |= info.mask[w];
     ++ranks;
   }
   int cpus = 0;
   for (std::uint64_t w : mask) cpus += std::popcount(w);
   return ranks > cpus;
+}
+
+bool Communicator::Impl::machine_oversubscribed() const {
+  return machine_oversubscribed(cpu_info[static_cast<std::size_t>(rank)].machine);
+}
+
+bool Communicator::Impl::any_machine_oversubscribed() const {
+  return std::any_of(cpu_info.begin(), cpu_info.end(),
+                     [&](const CpuInfo& info) { return machine_oversubscribed(info.machine); });
 }
 
 void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
@@ -146,11 +154,17 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   algorithm = parse_algorithm(
       !options.algorithm.empty() ? options.algorithm : lower_env("SHMRING_MPI_ALGO"),
       !options.algorithm.empty() ? "Options::algorithm" : "SHMRING_MPI_ALGO");
+  // The shards crossover: explicit (options, then the environment), or
+  // decided below once the ranks' CPUs are known (shards_auto).
+  bool shards_auto = false;
   shards_bytes = options.shards_bytes;
   if (shards_bytes == 0) {
     const std::string s = lower_env("SHMRING_MPI_SHARDS_BYTES");
     shards_bytes = kDefaultShardsBytes;
-    if (!s.empty()) shards_bytes = parse_bytes(s, "SHMRING_MPI_SHARDS_BYTES");
+    if (s.empty())
+      shards_auto = true;
+    else
+      shards_bytes = parse_bytes(s, "SHMRING_MPI_SHARDS_BYTES");
   }
   // Pieces: explicit (options, then the environment), or decided below once
   // the ranks' CPUs are known (pipeline_auto).
@@ -216,6 +230,11 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   check_mpi(MPI_Allgather(&my_info, 17, MPI_UINT64_T, cpu_info.data(), 17, MPI_UINT64_T, world),
             "setup: MPI_Allgather of CPU masks");
   if (pipeline_auto) piece_bytes = spare_cpus_everywhere() ? kDefaultPieceBytes : 0;
+  // Where a machine runs more ranks than it has CPUs, the leaders' path
+  // (two busy ranks per node pair instead of all of them) stays faster up
+  // to larger messages (kCrowdedShardsBytes). The same on every rank: every
+  // rank has every rank's CPUs.
+  if (shards_auto && any_machine_oversubscribed()) shards_bytes = kCrowdedShardsBytes;
   node = node_of[rank];
   local_rank = local_of[rank];
   local_size = static_cast<int>(node_ranks[node].size());

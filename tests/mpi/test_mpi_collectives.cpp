@@ -530,6 +530,15 @@ int main(int argc, char** argv) {
                        g_rank, comm.node_communicator().config().oversubscribed, CPU_COUNT(&all),
                        g_size);
           record(ok);
+          // And the shards crossover moves up there (leaders below 4 MiB).
+          if (std::getenv("SHMRING_MPI_SHARDS_BYTES") == nullptr) {
+            const std::size_t want = crowded ? 4u << 20 : 64u << 10;
+            const bool ok2 = comm.shards_bytes() == want;
+            if (!ok2)
+              fmt::print(stderr, "rank {}: FAIL default shards_bytes {}, expected {}\n", g_rank,
+                         comm.shards_bytes(), want);
+            record(ok2);
+          }
         }
         if (expect_nodes > 0) {
           const bool ok = comm.num_nodes() == expect_nodes;
