@@ -71,6 +71,16 @@ void expect(const std::uint8_t* got, int rank, std::size_t from, std::size_t byt
                         static_cast<unsigned long long>(salt));
 }
 
+// Rank r of a 2-rank job `job`, with a 60 s deadline.
+Options pair_options(int r, const std::string& job) {
+  Options o;
+  o.rank = r;
+  o.world_size = 2;
+  o.job_id = job;
+  o.timeout_s = 60;
+  return o;
+}
+
 struct Case {
   DataType dtype;
   std::size_t count;  // elements per block
@@ -488,11 +498,7 @@ TEST_CASE("single copy: a writer killed before its reader reads: clear error, no
     auto st = test::run_processes(
         2,
         [&](int r) {
-          Options o;
-          o.rank = r;
-          o.world_size = 2;
-          o.job_id = job;
-          o.timeout_s = 60;
+          Options o = pair_options(r, job);
           Communicator c(o);
           if (c.config().oversubscribed) _exit(77);  // no single-copy round here
           const std::size_t bytes = 150000;
@@ -658,11 +664,7 @@ TEST_CASE("single copy: a rank killed at a random point of a stream: clear error
     auto st = test::run_processes(
         2,
         [&](int r) {
-          Options o;
-          o.rank = r;
-          o.world_size = 2;
-          o.job_id = job;
-          o.timeout_s = 60;
+          Options o = pair_options(r, job);
           Communicator c(o);
           const std::size_t bytes = 250000;
           Buf s(bytes * 2, 0), d(bytes * 2, 0);
@@ -763,11 +765,7 @@ std::vector<int> alltoall_after_unreadable(const std::string& job, std::size_t b
         SHMRING_CHILD_CHECK(setgid(65534) == 0 && setuid(65534) == 0, "drop to nobody");
         prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);  // setuid cleared it
         if (const char* v = r == 0 ? large0 : large1) setenv("SHMRING_CMA_LARGE", v, 1);
-        Options o;
-        o.rank = r;
-        o.world_size = 2;
-        o.job_id = job;
-        o.timeout_s = 60;
+        Options o = pair_options(r, job);
         o.oversubscribed = shared_cpus ? 1 : 0;
         Communicator c(o);
         const std::size_t total = std::max<std::size_t>(bytes, 100000) * 2;
@@ -950,11 +948,7 @@ TEST_CASE("allgather at N=2 where ranks share CPUs: the staged rounds for 160-64
     auto st = test::run_processes(
         2,
         [&](int r) {
-          Options o;
-          o.rank = r;
-          o.world_size = 2;
-          o.job_id = job;
-          o.timeout_s = 60;
+          Options o = pair_options(r, job);
           o.oversubscribed = 0;
           setenv("SHMRING_CMA", "0", 1);
           Communicator c(o);
