@@ -19,6 +19,7 @@
 // bench/fresh_runs and a reader can set a tool's time against it.
 //
 // Usage: line_floor [--iters N] [--rounds R] [--bind-to core|none]
+// (default: pinned to two CPUs, the best case).
 // Errors: exits 1 with a message when fork, mmap or pinning fails.
 // Thread safety: a program of its own (two processes, one thread each).
 
@@ -139,13 +140,20 @@ int main(int argc, char** argv) {
       "8-byte collectives and ping-pongs)"};
   long iters = 200000;
   int rounds = 5;
-  std::string bind = "none";
-  app.add_option("-n,--iters", iters, "Calls per round")->check(CLI::Range(1L, 100000000L));
-  app.add_option("--rounds", rounds, "Timed rounds")->check(CLI::Range(1, 1000));
+  std::string bind = "core";
+  app.add_option("-n,--iters", iters, "Calls per round")
+      ->check(CLI::Range(1L, 100000000L))
+      ->capture_default_str();
+  app.add_option("--rounds", rounds, "Timed rounds")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--bind-to", bind,
-                 "core: pin the two processes to the first two CPUs of the mask; none: as "
-                 "shmrun's default")
-      ->check(CLI::IsMember({"core", "none"}));
+                 "core: the two processes on the first two CPUs of the mask (the best case, "
+                 "as mpirun places them); none: wherever the scheduler puts them, as shmrun's "
+                 "default (on a busy machine that can be slower than a library that waits "
+                 "better)")
+      ->check(CLI::IsMember({"core", "none"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   void* mem =

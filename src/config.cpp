@@ -288,11 +288,11 @@ Config resolve_config_impl(const Options& o, Config& c) {
       for (std::size_t i = 1; i < found.size(); ++i)
         if (!fits_around(use, found[i]))
           throw InvalidArgumentError(fmt::format(
-              "rank {}: the launchers' variables disagree: {} but {}; they cannot describe one "
+              "the launchers' variables disagree: {} but {}; they cannot describe one "
               "job (the first set is used, so the other is left over, e.g. exported for a "
               "whole container): unset the variables of the launcher not in use, or set "
               "SHMRING_RANK and SHMRING_WORLD_SIZE",
-              use.rank, use.describe(), found[i].describe()));
+              use.describe(), found[i].describe()));
       const RankEnv& l = *use.env;
       c.rank = static_cast<int>(use.rank);
       c.world_size = static_cast<int>(use.size);
