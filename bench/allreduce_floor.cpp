@@ -315,8 +315,32 @@ int main(int argc, char** argv) {
   for (std::size_t bytes = min_bytes; bytes <= max_bytes;
        bytes = std::max(bytes + 1, static_cast<std::size_t>(static_cast<double>(bytes) * factor))) {
     const std::size_t n = bytes / sizeof(float);
-    // Small integers: sums stay exact and far from overflow for many calls.
-    for (std::size_t i = 0; i < n; ++i) b.shared[me][i] = static_cast<float>((i + me) % 3);
+    // The schemes compute the allreduce: one call of each on fresh inputs
+    // (small integers, exact in float32), checked element by element.
+    for (auto scheme : {two_phase, one_shot}) {
+      for (std::size_t i = 0; i < n; ++i) b.shared[me][i] = static_cast<float>((i + me) % 3);
+      pair.sync();
+      scheme(pair, b, n);
+      pair.sync();
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto want = static_cast<float>(i % 3 + (i + 1) % 3);
+        if (b.shared[me][i] != want) {
+          std::fprintf(
+              stderr, "allreduce_floor: process %d, %zu bytes: element %zu is %g, expected %g\n",
+              me, bytes, i, static_cast<double>(b.shared[me][i]), static_cast<double>(want));
+          ctl.failed.store(1);
+          break;
+        }
+      }
+      pair.sync();
+      if (ctl.failed.load() != 0) {
+        if (child == 0) _exit(1);
+        waitpid(child, nullptr, 0);
+        return 1;
+      }
+    }
+    // The timed calls sum the buffers again and again; the values grow
+    // (float32 reaches inf after about 128 calls at the same speed).
     measure(pair, b, n, 0, min_time_s, rounds, two_phase);
     measure(pair, b, n, 1, min_time_s, rounds, one_shot);
     measure(pair, b, n, 2, min_time_s, rounds, copy_once);
