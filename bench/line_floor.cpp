@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <new>
+#include <string>
 #include <utility>
 #include <vector>
 
