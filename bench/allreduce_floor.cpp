@@ -26,11 +26,6 @@
 // Errors: exits 1 with a message when mmap, fork or pinning fails.
 // Thread safety: a program of its own (two processes, one thread each).
 
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -41,10 +36,14 @@
 #include <cstring>
 #include <new>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "process_pair.hpp"
+#include "sizes.hpp"
+
 namespace {
+
+using namespace shmring::bench;
 
 using Clock = std::chrono::steady_clock;
 constexpr int kModes = 3;  // two_phase, one_shot, memcpy
@@ -55,9 +54,9 @@ struct alignas(128) Line {
 };
 
 struct Control {
+  PairStart start;
   Line line[2];
-  std::atomic<int> ready{0};
-  std::atomic<int> failed{0};
+  std::atomic<int> failed{0};  // a scheme computed a wrong result
   // Process 0's choices, read by process 1: the warm-up batch (0: the
   // warm-up is over) and the timed rounds' calls. Two words, because process
   // 0 may store the second before process 1 has read the first.
@@ -65,48 +64,6 @@ struct Control {
   std::atomic<long> round_calls{0};
   double round_us[kModes][kMaxRounds];  // process 0's rounds
 };
-
-std::size_t parse_size(const std::string& s) {
-  std::size_t pos = 0;
-  const double v = std::stod(s, &pos);
-  std::size_t mult = 1;
-  if (pos < s.size()) {
-    switch (s[pos]) {
-      case 'K':
-      case 'k':
-        mult = 1u << 10;
-        break;
-      case 'M':
-      case 'm':
-        mult = 1u << 20;
-        break;
-      case 'G':
-      case 'g':
-        mult = 1u << 30;
-        break;
-      default:
-        throw CLI::ValidationError("size",
-                                   fmt::format("'{}': expected a number with K, M or G", s));
-    }
-  }
-  return static_cast<std::size_t>(v * static_cast<double>(mult));
-}
-
-std::pair<int, int> first_two_cpus() {
-  cpu_set_t mask;
-  std::pair<int, int> cpus{-1, -1};
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &mask)) continue;
-    if (cpus.first < 0) {
-      cpus.first = cpu;
-    } else {
-      cpus.second = cpu;
-      break;
-    }
-  }
-  return cpus;
-}
 
 class Pair {
  public:
@@ -245,8 +202,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::size_t min_bytes = 0, max_bytes = 0;
   try {
-    min_bytes = parse_size(min_s);
-    max_bytes = parse_size(max_s);
+    min_bytes = parse_bytes(min_s);
+    max_bytes = parse_bytes(max_s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_floor: %s\n", e.what());
     return 1;
@@ -257,46 +214,15 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  auto* ctl_mem =
-      mmap(nullptr, sizeof(Control), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* ctl_mem = shared_mapping(sizeof(Control), "allreduce_floor: mmap");
   const std::size_t max_n = max_bytes / sizeof(float);
   const std::size_t region = std::max<std::size_t>(max_n * sizeof(float), 4096);
-  auto* data = mmap(nullptr, 2 * region, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (ctl_mem == MAP_FAILED || data == MAP_FAILED) {
-    std::perror("allreduce_floor: mmap");
-    return 1;
-  }
+  void* data = shared_mapping(2 * region, "allreduce_floor: mmap");
+  if (ctl_mem == nullptr || data == nullptr) return 1;
   auto& ctl = *new (ctl_mem) Control;
-  const auto [cpu0, cpu1] = first_two_cpus();
-  if (bind == "core" && cpu1 < 0) {
-    std::fprintf(stderr, "allreduce_floor: --bind-to core needs 2 CPUs in the affinity mask\n");
-    return 1;
-  }
-  const pid_t child = fork();
-  if (child < 0) {
-    std::perror("allreduce_floor: fork");
-    return 1;
-  }
-  const int me = child == 0 ? 1 : 0;
-  if (bind == "core") {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(me == 0 ? cpu0 : cpu1, &one);
-    if (sched_setaffinity(0, sizeof one, &one) != 0) {
-      std::fprintf(stderr, "allreduce_floor: cannot pin process %d to CPU %d\n", me,
-                   me == 0 ? cpu0 : cpu1);
-      ctl.failed.store(1);
-    }
-  }
-  ctl.ready.fetch_add(1);
-  while (ctl.ready.load() < 2) {
-  }
-  if (ctl.failed.load() != 0) {
-    if (child == 0) _exit(1);
-    waitpid(child, nullptr, 0);
-    return 1;
-  }
-
+  const PairSide side = start_pair(ctl.start, bind, "allreduce_floor");
+  if (side.me < 0) return 1;
+  const int me = side.me;
   Pair pair(ctl, me);
   Buffers b;
   b.shared[0] = static_cast<float*>(data);
@@ -333,11 +259,7 @@ int main(int argc, char** argv) {
         }
       }
       pair.sync();
-      if (ctl.failed.load() != 0) {
-        if (child == 0) _exit(1);
-        waitpid(child, nullptr, 0);
-        return 1;
-      }
+      if (ctl.failed.load() != 0) return finish_pair(side, 1, "allreduce_floor") ? 0 : 1;
     }
     // The timed calls sum the buffers again and again; the values grow
     // (float32 reaches inf after about 128 calls at the same speed).
@@ -358,12 +280,5 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "allreduce_floor: the second process failed\n");
-    return 1;
-  }
-  return 0;
+  return finish_pair(side, 0, "allreduce_floor") ? 0 : 1;
 }

@@ -23,11 +23,6 @@
 // Errors: exits 1 with a message when fork, mmap or pinning fails.
 // Thread safety: a program of its own (two processes, one thread each).
 
-#include <sched.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -37,47 +32,25 @@
 #include <cstdio>
 #include <new>
 #include <string>
-#include <utility>
 #include <vector>
 
+#include "process_pair.hpp"
+
 namespace {
+
+using namespace shmring::bench;
 
 struct alignas(128) Line {
   std::atomic<std::uint64_t> seq{0};
 };
 
 struct Shared {
-  Line lines[2][2];            // [process][parity]
-  std::atomic<int> ready{0};   // processes pinned and in place
-  std::atomic<int> failed{0};  // a process could not pin itself
-  double round_us[2][1000];    // process 0's rounds: [mode][round]
+  PairStart start;
+  Line lines[2][2];          // [process][parity]
+  double round_us[2][1000];  // process 0's rounds: [mode][round]
 };
 
 using Clock = std::chrono::steady_clock;
-
-// The first two CPUs of the calling process's affinity mask, or -1s.
-std::pair<int, int> first_two_cpus() {
-  cpu_set_t mask;
-  std::pair<int, int> cpus{-1, -1};
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &mask)) continue;
-    if (cpus.first < 0) {
-      cpus.first = cpu;
-    } else {
-      cpus.second = cpu;
-      break;
-    }
-  }
-  return cpus;
-}
-
-bool pin(int cpu) {
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  return sched_setaffinity(0, sizeof one, &one) == 0;
-}
 
 void wait_seq(const Line& l, std::uint64_t want) {
   while (l.seq.load(std::memory_order_acquire) < want) {
@@ -157,45 +130,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  void* mem =
-      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    std::perror("line_floor: mmap");
-    return 1;
-  }
+  void* mem = shared_mapping(sizeof(Shared), "line_floor: mmap");
+  if (mem == nullptr) return 1;
   auto& s = *new (mem) Shared;
-  const auto [cpu0, cpu1] = first_two_cpus();
-  if (bind == "core" && cpu1 < 0) {
-    std::fprintf(stderr, "line_floor: --bind-to core needs 2 CPUs in the affinity mask\n");
-    return 1;
-  }
-  const pid_t child = fork();
-  if (child < 0) {
-    std::perror("line_floor: fork");
-    return 1;
-  }
-  const int me = child == 0 ? 1 : 0;
-  if (bind == "core" && !pin(me == 0 ? cpu0 : cpu1)) {
-    std::fprintf(stderr, "line_floor: cannot pin process %d to CPU %d\n", me,
-                 me == 0 ? cpu0 : cpu1);
-    s.failed.store(1);
-  }
-  s.ready.fetch_add(1);
-  while (s.ready.load() < 2) {
-  }
-  if (s.failed.load() != 0) {
-    if (child == 0) _exit(1);
-    waitpid(child, nullptr, 0);
-    return 1;
-  }
-  run(s, me, iters, rounds);
-  if (child == 0) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "line_floor: the second process failed\n");
-    return 1;
-  }
+  const PairSide side = start_pair(s.start, bind, "line_floor");
+  if (side.me < 0) return 1;
+  run(s, side.me, iters, rounds);
+  if (!finish_pair(side, 0, "line_floor")) return 1;
   fmt::print("# line_floor: 2 processes, {} calls x {} rounds, bind-to {}; us per call\n", iters,
              rounds, bind);
   fmt::print("{:<9} {:>8} {:>8} {:>8} {:>8}\n", "# mode", "mean", "min", "median", "max");

@@ -37,6 +37,8 @@
 
 #include "shmring/types.hpp"
 
+#include "sizes.hpp"
+
 namespace shmring::bench {
 
 enum class Collective {
@@ -197,26 +199,6 @@ inline ReduceOp parse_op(const std::string& s) {
 inline const char* op_name(ReduceOp op) {
   static constexpr const char* kNames[] = {"sum", "prod", "min", "max", "avg"};
   return kNames[static_cast<int>(op)];
-}
-
-// "64K", "1M", "2G", "100" -> bytes.
-inline std::size_t parse_bytes(const std::string& s) {
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || v < 0)
-    throw CLI::ValidationError(fmt::format("size '{}': expected bytes like 8, 64K, 1M, 1G", s));
-  std::string unit(end);
-  double mul = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB")
-    mul = 1024.0;
-  else if (unit == "M" || unit == "m" || unit == "MiB")
-    mul = 1024.0 * 1024;
-  else if (unit == "G" || unit == "g" || unit == "GiB")
-    mul = 1024.0 * 1024 * 1024;
-  else if (!unit.empty())
-    throw CLI::ValidationError(
-        fmt::format("size '{}': unknown unit '{}' (use K, M or G)", s, unit));
-  return static_cast<std::size_t>(v * mul);
 }
 
 inline void add_perf_options(CLI::App& app, PerfOptions& o,
