@@ -694,7 +694,9 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   auto timed_out = [&](const std::string& what, const std::string& extra = {}) {
     return TimeoutError(fmt::format(
         "rank {}: timed out after {:.1f} s waiting for {} of segment '{}'{} (is rank 0 running "
-        "with the same SHMRING_JOB_ID, world size and host? SHMRING_TIMEOUT sets the limit)",
+        "with the same SHMRING_JOB_ID, world size and host? A job that already ran without this "
+        "process removed its segment: then this is a late or duplicate rank. SHMRING_TIMEOUT sets "
+        "the limit)",
         req.rank, std::chrono::duration<double>(Clock::now() - began).count(), what, req.name,
         extra));
   };

@@ -162,6 +162,32 @@ TEST_CASE("a rank that never attaches: the others time out naming it") {
   CHECK(test::shm_files_with(job).empty());
 }
 
+TEST_CASE("a rank that arrives after its job ran and ended is told it may be late or a duplicate") {
+  const std::string job = test::unique_job_id("late-dup");
+  // The job: ranks 0 and 1, one allreduce, gone.
+  auto first = test::run_processes(2, [&](int r) {
+    Communicator comm(opts(r, 2, job));
+    int v = r + 1;
+    comm.allreduce(std::span<int>(&v, 1), ReduceOp::sum);
+    SHMRING_CHILD_CHECK(v == 3, "rank %d: %d", r, v);
+  });
+  REQUIRE(test::all_zero(first));
+  // A second rank 1 of the same job (a duplicate, or a rank started late):
+  // the segment is gone, and nothing is left to tell which; the message
+  // says both, instead of only asking whether rank 0 runs.
+  auto late = test::run_processes(1, [&](int) {
+    try {
+      Communicator comm(opts(1, 2, job));
+      SHMRING_CHILD_CHECK(false, "expected a timeout");
+    } catch (const TimeoutError& e) {
+      std::printf("late rank 1: %s\n", e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "late or duplicate rank"), "%s", e.what());
+    }
+  });
+  CHECK(test::all_zero(late));
+  CHECK(test::shm_files_with(job).empty());
+}
+
 TEST_CASE("ranks in different segments (different job id) fail on every rank within the timeout") {
   const std::string job = test::unique_job_id("split");
   auto status = test::run_processes(2, [&](int r) {
