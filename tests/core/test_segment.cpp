@@ -33,6 +33,14 @@ bool wait_for_path(const std::string& p, bool present, double seconds) {
   }
   return fs::exists(p) == present;
 }
+// Options naming rank r of an n-rank job.
+Options rank_options(int r, int n, const std::string& job) {
+  Options o;
+  o.rank = r;
+  o.world_size = n;
+  o.job_id = job;
+  return o;
+}
 }  // namespace
 
 TEST_CASE("the segment is created 0600 under a name with uid, job id and host, then unlinked") {
@@ -97,10 +105,7 @@ TEST_CASE("a second rank 0 is a collision: both fail at once, naming the duplica
   pid_t holder = fork();
   if (holder == 0) {
     try {
-      Options o;
-      o.rank = 0;
-      o.world_size = 2;
-      o.job_id = job;
+      Options o = rank_options(0, 2, job);
       o.timeout_s = 5;
       Communicator c(o);  // waits for rank 1, until the second rank 0 aborts the job
     } catch (const InvalidArgumentError& e) {
@@ -131,10 +136,7 @@ TEST_CASE("a second rank 0 is a collision: both fail at once, naming the duplica
 TEST_CASE("ranks adopt rank 0's slot settings; the resolved config is reported") {
   const std::string job = test::unique_job_id("adopt");
   auto status = test::run_processes(2, [&](int r) {
-    Options o;
-    o.rank = r;
-    o.world_size = 2;
-    o.job_id = job;
+    Options o = rank_options(r, 2, job);
     o.slots = r == 0 ? 3 : 5;
     o.slot_bytes = r == 0 ? 8192 : 4096;
     Communicator c(o);
@@ -150,10 +152,7 @@ TEST_CASE("ranks adopt rank 0's slot settings; the resolved config is reported")
 TEST_CASE("a world-size disagreement fails on every rank, not at the timeout") {
   const std::string job = test::unique_job_id("wsize");
   auto status = test::run_processes(2, [&](int r) {
-    Options o;
-    o.rank = r;
-    o.world_size = r == 0 ? 2 : 3;
-    o.job_id = job;
+    Options o = rank_options(r, r == 0 ? 2 : 3, job);
     o.timeout_s = 30;
     auto t0 = std::chrono::steady_clock::now();
     bool refused = false;
@@ -345,10 +344,7 @@ TEST_CASE("Options::oversubscribed and SHMRING_OVERSUBSCRIBED: one setting for t
     const std::string job = test::unique_job_id("oversub");
     auto status = test::run_processes(2, [&](int r) {
       const int request = r == 0 ? k.request0 : k.request1;
-      Options o;
-      o.rank = r;
-      o.world_size = 2;
-      o.job_id = job;
+      Options o = rank_options(r, 2, job);
       if (request == 2)
         setenv("SHMRING_OVERSUBSCRIBED", "1", 1);
       else
@@ -380,10 +376,7 @@ TEST_CASE("Options::oversubscribed and SHMRING_OVERSUBSCRIBED: one setting for t
     INFO("parent request ", parent_request);
     const std::string job = test::unique_job_id("oversub-split");
     auto status = test::run_processes(4, [&](int r) {
-      Options o;
-      o.rank = r;
-      o.world_size = 4;
-      o.job_id = job;
+      Options o = rank_options(r, 4, job);
       o.oversubscribed = parent_request;
       Communicator parent(o);
       Communicator child = parent.split(r % 2);
@@ -399,10 +392,7 @@ TEST_CASE("Options::oversubscribed and SHMRING_OVERSUBSCRIBED: one setting for t
   // A bad value is refused before any segment exists, naming it.
   for (const char* bad_env : {static_cast<const char*>(nullptr), "yes"}) {
     auto status = test::run_processes(1, [&](int) {
-      Options o;
-      o.rank = 0;
-      o.world_size = 1;
-      o.job_id = test::unique_job_id("oversub-bad");
+      Options o = rank_options(0, 1, test::unique_job_id("oversub-bad"));
       if (bad_env)
         setenv("SHMRING_OVERSUBSCRIBED", bad_env, 1);
       else
