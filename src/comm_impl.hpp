@@ -224,6 +224,7 @@ struct Communicator::Impl {
   /// Frees the slot just read: consumed = ++recvd.
   void release_recv();
   bool left_checked = false;
+  bool right_checked = false;  // acquire_send_slot checked right's descriptor
 
   // ---- Collective framing. ----
   /// Picks the algorithm for a collective whose largest per-rank buffer in

@@ -200,7 +200,18 @@ void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t ta
 std::byte* Communicator::Impl::acquire_send_slot() {
   const std::uint64_t k = seg->slots();
   // Slot (sent mod K) is free once the right neighbour consumed slice sent-K.
-  if (sent >= k) wait_counter(area(right).consumed, sent - k + 1, right, "a free slot");
+  if (sent >= k) {
+    const std::uint64_t need = sent - k + 1;
+    if (!right_checked && area(right).consumed.value.load(std::memory_order_acquire) < need) {
+      // Before waiting on the right, check that it runs this collective as
+      // we do: a right that disagrees on the root of a chain believes
+      // itself first and never reads our slots, so it never checks our
+      // descriptor either (its wait_recv_slot does that for its left).
+      wait_announced(right);
+      right_checked = true;
+    }
+    wait_counter(area(right).consumed, need, right, "a free slot");
+  }
   return seg->slot(rank, sent % k);
 }
 
@@ -332,7 +343,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
-  left_checked = false;
+  left_checked = right_checked = false;
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
   desc.count.store(d.count, std::memory_order_relaxed);

@@ -220,8 +220,13 @@ TEST_CASE(
   // Found by a new user: ranks 1 and 2 called broadcast(root=1), rank 0
   // broadcast(root=0); rank 2 checked only its root (or its left neighbour)
   // and returned root 1's data in 2 of 3 runs. Now each rank checks every
-  // rank's descriptor, on both paths.
-  for (std::size_t count : {std::size_t{10}, std::size_t{200000}}) {
+  // rank's descriptor, on both paths. With more slices than slots (2^21
+  // floats are 32 slices of 256 KiB; where oversubscribed, slices of 64 KiB,
+  // 200000 floats are 13) the rank that believes itself root 0 filled its
+  // slots for a right neighbour that, root itself, never read them, and
+  // waited out the timeout; now a writer checks its right neighbour before
+  // it waits.
+  for (std::size_t count : {std::size_t{10}, std::size_t{200000}, std::size_t{1} << 21}) {
     for (const char* algo : {"direct", "ring"}) {
       expect_mismatch(
           3,
