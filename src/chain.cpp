@@ -16,7 +16,7 @@
 //
 // float16 / bfloat16 sum, prod and avg (reduce_steps.hpp): position 1 sends
 // its raw input, positions 2..N-1 send float64 partials, and the root rounds
-// once (dividing by N for avg); slices are then slot_bytes / 8 elements.
+// once (dividing by N for avg); slices are then slice_bytes / 8 elements.
 
 #include "chunking.hpp"
 #include "comm_impl.hpp"
@@ -51,7 +51,7 @@ void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, Dat
   const int n = c.size;
   const int pos = detail::ring_mod(c.rank - root, n);
   const std::size_t es = datatype_size(dtype);
-  const std::size_t slice_elems = c.seg->slot_bytes() / es;
+  const std::size_t slice_elems = c.config.slice_bytes / es;
   const std::size_t slices = slices_for(count, slice_elems);
   auto* buf = static_cast<std::byte*>(buffer);
   if (pos == n - 1) write_token(c);
@@ -85,7 +85,7 @@ void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size
   const int n = c.size;
   const int pos = detail::ring_mod(c.rank - root, n);
   const std::size_t es = datatype_size(dtype);
-  const std::size_t slice_elems = reduction_slice_elems(c.seg->slot_bytes(), dtype, op, n);
+  const std::size_t slice_elems = reduction_slice_elems(c.config.slice_bytes, dtype, op, n);
   const std::size_t slices = slices_for(count, slice_elems);
   auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);

@@ -646,21 +646,22 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
     c.cma_large = cma_ratio <= detail::kCmaLargeMaxRatio ? 1 : 0;
   }
 
-  SHMRING_LOG(
-      info,
-      "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
-      "slot_bytes={} direct_bytes={} algorithm={} threads={} kernels={} timeout={}s spin={}us "
-      "yield={}us nt_stores={} ({}) migrate={} job_cpus={} cma={} cma_large={} (copy ratio "
-      "{}) membarrier={}{}",
-      SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank, cfg.local_world_size,
-      cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots, cfg.slot_bytes, cfg.direct_bytes,
-      cfg.algorithm, cfg.threads, detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
-      cfg.nt_stores == NtStores::automatic ? "auto"
-      : cfg.nt_stores == NtStores::always  ? "always"
-                                           : "never",
-      detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.cma_mode, c.cma_large,
-      cma_ratio > 0 ? fmt::format("{:.2f}", cma_ratio) : std::string("not measured"),
-      c.light_publish ? 1 : 0, cfg.oversubscribed ? " (oversubscribed)" : "");
+  SHMRING_LOG(info,
+              "shmring {} rank {}/{} (local {}/{}) job '{}': segment '{}' {} bytes, slots={} "
+              "slot_bytes={} slice_bytes={} direct_bytes={} algorithm={} threads={} kernels={} "
+              "timeout={}s spin={}us yield={}us nt_stores={} ({}) migrate={} job_cpus={} cma={} "
+              "cma_large={} (copy ratio {}) membarrier={}{}",
+              SHMRING_VERSION_STRING, cfg.rank, cfg.world_size, cfg.local_rank,
+              cfg.local_world_size, cfg.job_id, cfg.segment_name, cfg.segment_bytes, cfg.slots,
+              cfg.slot_bytes, cfg.slice_bytes, cfg.direct_bytes, cfg.algorithm, cfg.threads,
+              detail::kernel_isa(), cfg.timeout_s, cfg.spin_us, cfg.yield_us,
+              cfg.nt_stores == NtStores::automatic ? "auto"
+              : cfg.nt_stores == NtStores::always  ? "always"
+                                                   : "never",
+              detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.cma_mode,
+              c.cma_large,
+              cma_ratio > 0 ? fmt::format("{:.2f}", cma_ratio) : std::string("not measured"),
+              c.light_publish ? 1 : 0, cfg.oversubscribed ? " (oversubscribed)" : "");
 }
 
 Communicator::~Communicator() {

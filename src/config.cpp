@@ -206,6 +206,17 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
   // (bench/README.md, eleventh session): 2 MiB 1160-1878 us with the
   // setting against 1254-2177 without, 4 MiB 2255-2722 against 3159-5288.
   c.oversubscribed = job_request >= 0 ? job_request == 1 : c.world_size > c.job_cpus;
+  // Ranks that share a CPU hand each other every slice by a context switch.
+  // A slice that fits the cache the writer filled is still there when the
+  // reader runs; four 256 KiB slices are not. N=2 under `taskset -c 0`, 1 /
+  // 4 / 16 MiB, us, 256 KiB slices against 64 KiB (bench/README.md,
+  // thirteenth session): allreduce 202 / 859 / 3365 against 122 / 608 /
+  // 2340, reduce 93 / 443 / 1726 against 66 / 377 / 1482, broadcast
+  // 95 / 451 / 1718 against 67 / 355 / 1442; 32 and 128 KiB were slower
+  // than 64. Ranks on CPUs of their own keep whole slots (N=2 on 2 CPUs:
+  // 64 KiB slices were 4-7% slower). The job's setting and rank 0's
+  // slot_bytes are the same on every rank, so the slicing agrees.
+  c.slice_bytes = c.oversubscribed ? std::min(c.slot_bytes, kCrowdedSliceBytes) : c.slot_bytes;
   // 5 us of spinning catches a peer running on its own core as well as 50 us
   // did (8 B: 0.18-0.19 vs 0.20-0.29 us), and costs a tenth when the host
   // deschedules the peer (then a wait costs the spin before it yields).

@@ -13,6 +13,9 @@ namespace shmring::detail {
 
 inline constexpr std::size_t kDefaultSlots = 4;
 inline constexpr std::size_t kDefaultSlotBytes = 256 * 1024;
+/// Most bytes one ring or chain step moves through a slot where the job is
+/// oversubscribed (Config::slice_bytes; apply_placement has the numbers).
+inline constexpr std::size_t kCrowdedSliceBytes = 64 * 1024;
 inline constexpr double kDefaultTimeoutS = 300.0;
 inline constexpr std::size_t kDefaultDirectBytes = 64 * 1024;
 
@@ -39,6 +42,7 @@ int affinity_cpus();
 /// size of the union of all ranks' masks, `job_request` the ranks' combined
 /// Options::oversubscribed (-1 automatic, 0, 1: Segment::oversubscribed_request).
 /// Sets job_cpus and oversubscribed (the request, else ranks > job_cpus),
+/// slice_bytes (slot_bytes, at most kCrowdedSliceBytes when oversubscribed)
 /// and, unless set explicitly, spin_us and yield_us (no spin when
 /// oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
 void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1);

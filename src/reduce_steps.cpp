@@ -16,7 +16,7 @@ namespace {
 // As Communicator::Impl::reduce: below this many bytes a step runs on the
 // calling thread; above, in grains of about 64 KiB across the arena. The
 // 16-bit steps count every byte they touch (float64 partials are 4x their
-// elements), so a ring slice of slot_bytes / 8 elements still splits.
+// elements), so a ring slice of slice_bytes / 8 elements still splits.
 constexpr std::size_t kParallelMinBytes = 256 * 1024;
 constexpr std::size_t kGrainBytes = 64 * 1024;
 // The direct path's float64 accumulator block: 16 KiB, stays in L1.
@@ -43,8 +43,8 @@ bool partials_wide(DataType dtype, ReduceOp op, int n) {
   return n > 2 && detail::reduces_wide(dtype, op);
 }
 
-std::size_t reduction_slice_elems(std::size_t slot_bytes, DataType dtype, ReduceOp op, int n) {
-  return slot_bytes / (partials_wide(dtype, op, n) ? detail::kWideBytes : datatype_size(dtype));
+std::size_t reduction_slice_elems(std::size_t slice_bytes, DataType dtype, ReduceOp op, int n) {
+  return slice_bytes / (partials_wide(dtype, op, n) ? detail::kWideBytes : datatype_size(dtype));
 }
 
 void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, bool src_partial,

@@ -9,7 +9,7 @@
 //   - ring and chain: a rank's first write is its raw 16-bit input; each
 //     later step reads the left's partial (16-bit if it was that first
 //     write, float64 otherwise) and writes a float64 partial; the final step
-//     rounds. A slot then carries slot_bytes / 8 elements (slice_elems).
+//     rounds. A slot then carries slice_bytes / 8 elements (slice_elems).
 //   - direct: reduce_in_rank_order accumulates in a local float64 block.
 // At N = 2 no partial is ever sent, so slices keep their 16-bit size.
 
@@ -27,8 +27,9 @@ namespace shmring::algo {
 bool partials_wide(DataType dtype, ReduceOp op, int n);
 
 /// Elements per slot (one slice) for a reduction of (dtype, op) at world
-/// size n: slot_bytes / 8 when partials travel wide, else slot_bytes / size.
-std::size_t reduction_slice_elems(std::size_t slot_bytes, DataType dtype, ReduceOp op, int n);
+/// size n: slice_bytes / 8 when partials travel wide, else slice_bytes /
+/// size (slice_bytes: Config::slice_bytes).
+std::size_t reduction_slice_elems(std::size_t slice_bytes, DataType dtype, ReduceOp op, int n);
 
 /// An intermediate step: dst = partial(src) op in, where src is the raw
 /// 16-bit / native input of the first rank of the chain (src_partial false)

@@ -4,7 +4,8 @@
 //   chunk  - the part of the buffer rank c owns: 1/N of an allreduce buffer,
 //            `recv_count` elements for reduce-scatter, `send_count` for
 //            allgather.
-//   slice  - the part of a chunk that fits one slot (slot_bytes).
+//   slice  - the part of a chunk one step moves through a slot
+//            (Config::slice_bytes: slot_bytes, 64 KiB when oversubscribed).
 //   round  - one pass of all ring steps over slice q of every chunk.
 //   step   - one slot write by this rank (and, fused with it, one slot read).
 //
@@ -29,7 +30,7 @@
 //
 // float16 / bfloat16 sum, prod and avg (reduce_steps.hpp): the first write
 // is the raw 16-bit input, every later reduce-scatter write a float64
-// partial, and the last read rounds once; slices shrink to slot_bytes / 8
+// partial, and the last read rounds once; slices shrink to slice_bytes / 8
 // elements for the whole collective (so the allgather slices match), and the
 // reduce-scatter moves up to 4x the bytes of the 16-bit buffer.
 
@@ -146,7 +147,7 @@ void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::si
              c.size,
              c.rank,
              es,
-             reduction_slice_elems(c.seg->slot_bytes(), dtype, op, c.size),
+             reduction_slice_elems(c.config.slice_bytes, dtype, op, c.size),
              [count, n = c.size](int k) { return detail::chunk_range(count, n, k); }};
   const std::size_t rounds = detail::ring_rounds(count, c.size, p.slice_elems);
   auto* in = static_cast<const std::byte*>(send);
@@ -165,7 +166,7 @@ void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
              c.size,
              c.rank,
              es,
-             reduction_slice_elems(c.seg->slot_bytes(), dtype, op, c.size),
+             reduction_slice_elems(c.config.slice_bytes, dtype, op, c.size),
              [recv_count](int k) {
                return Range{static_cast<std::size_t>(k) * recv_count, recv_count};
              }};
@@ -178,7 +179,7 @@ void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
 void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
                     DataType dtype) {
   const std::size_t es = datatype_size(dtype);
-  RingPass p{c, c.size, c.rank, es, c.seg->slot_bytes() / es, [send_count](int k) {
+  RingPass p{c, c.size, c.rank, es, c.config.slice_bytes / es, [send_count](int k) {
                return Range{static_cast<std::size_t>(k) * send_count, send_count};
              }};
   const std::size_t rounds = rounds_for(p, send_count);
@@ -193,7 +194,7 @@ void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const 
   // alike (the descriptor's vhash, check_descriptor); where a block sits in
   // `recv` (its displacement) is each rank's own business.
   const std::size_t es = datatype_size(dtype);
-  RingPass p{c, c.size, c.rank, es, c.seg->slot_bytes() / es, [&v](int k) {
+  RingPass p{c, c.size, c.rank, es, c.config.slice_bytes / es, [&v](int k) {
                return Range{v.recv_displs[k], v.recv_counts[k]};
              }};
   const std::size_t rounds =

@@ -63,6 +63,10 @@ struct Config {
   std::string job_id;
   std::size_t slots = 0;
   std::size_t slot_bytes = 0;
+  /// Bytes one step of the ring and chain collectives moves through a slot:
+  /// slot_bytes, or at most 64 KiB where the job is oversubscribed (ranks
+  /// that share a CPU hand each other slices that stay in its cache).
+  std::size_t slice_bytes = 0;
   int threads = 1;
   double timeout_s = 0;
   double spin_us = 0;  ///< Busy-wait (pause) phase of a wait, microseconds.

@@ -86,12 +86,22 @@ void check_all_collectives(Communicator& comm) {
   }
 }
 
-void run(int n, const char* algo) {
+// oversubscribed: the job says so (Options::oversubscribed = 1), so the
+// ring and chain steps move 64 KiB slices, not whole 256 KiB slots.
+void run(int n, const char* algo, bool oversubscribed = false) {
   auto status = test::run_processes(
       n,
       [&, job = test::unique_job_id("coll")](int r) {
         if (algo) setenv("SHMRING_ALGO", algo, 1);
-        Communicator comm(r, n, job);
+        Options o;
+        o.rank = r;
+        o.world_size = n;
+        o.job_id = job;
+        if (oversubscribed) o.oversubscribed = 1;
+        Communicator comm(o);
+        if (oversubscribed)
+          SHMRING_CHILD_CHECK(comm.config().slice_bytes == 64 * 1024, "rank %d: slice_bytes %zu", r,
+                              comm.config().slice_bytes);
         check_all_collectives(comm);
       },
       300);
@@ -118,6 +128,11 @@ TEST_CASE("every collective matches the serial reference, N=8") {
 TEST_CASE("every collective matches the serial reference on the ring path, N=3 and N=5") {
   run(3, "ring");
   run(5, "ring");
+}
+TEST_CASE("every collective matches the serial reference in 64 KiB slices (oversubscribed)") {
+  // The 70001-element buffers cross several slices (int64: 8 of 64 KiB).
+  run(2, nullptr, true);
+  run(3, "ring", true);
 }
 
 namespace {

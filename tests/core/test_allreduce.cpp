@@ -274,6 +274,28 @@ TEST_CASE("allreduce crosses many slots with small slots (pipelining, K=2 and K=
   }
 }
 
+TEST_CASE("allreduce is exact in 64 KiB slices (oversubscribed), 16-bit partials included") {
+  // A crowded job moves at most 64 KiB per ring step (Config::slice_bytes);
+  // 16-bit sums at N=3 carry float64 partials, 8192 elements a slice.
+  Options o;
+  o.oversubscribed = 1;
+  auto status = test::run_ranks(
+      3,
+      [&](Communicator& comm) {
+        SHMRING_CHILD_CHECK(comm.config().slice_bytes == 64 * 1024, "slice_bytes %zu",
+                            comm.config().slice_bytes);
+        for (std::size_t count : {std::size_t{8192} * 3 * 2 + 5, std::size_t{100003}})
+          for (bool in_place : {false, true}) {
+            check_allreduce(comm, DataType::float16, ReduceOp::sum, count, in_place);
+            check_allreduce(comm, DataType::bfloat16, ReduceOp::avg, count, in_place);
+            check_allreduce(comm, DataType::float32, ReduceOp::sum, count, in_place);
+            check_allreduce(comm, DataType::int8, ReduceOp::max, count, in_place);
+          }
+      },
+      120, o);
+  CHECK(test::all_zero(status));
+}
+
 TEST_CASE("NaN propagates from whichever rank holds it, for sum, prod, min and max") {
   for (int holder : {0, 2}) {
     auto status = test::run_ranks(3, [&](Communicator& comm) {

@@ -298,6 +298,21 @@ TEST_CASE("placement: threads, spin and oversubscription from the ranks' affinit
   CHECK_FALSE(requested(2, 16, -1).oversubscribed);
 }
 
+TEST_CASE("placement: ring slices of at most 64 KiB where ranks share CPUs") {
+  auto sliced = [](std::size_t slot_bytes, int request) {
+    Config c;
+    c.world_size = c.local_world_size = 2;
+    c.slot_bytes = slot_bytes;
+    c.spin_us = c.yield_us = -1;
+    detail::apply_placement(c, 1, 2, request);
+    return c.slice_bytes;
+  };
+  CHECK(sliced(256 * 1024, 1) == 64 * 1024);
+  CHECK(sliced(256 * 1024, 0) == 256 * 1024);
+  CHECK(sliced(1 << 20, 0) == 1 << 20);
+  CHECK(sliced(16 * 1024, 1) == 16 * 1024);  // smaller slots stay as they are
+}
+
 TEST_CASE("the job's CPUs are the union of every rank's affinity mask") {
   if (std::thread::hardware_concurrency() < 2) {
     MESSAGE("skipped: one CPU");
