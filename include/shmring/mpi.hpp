@@ -69,6 +69,15 @@ struct Options {
   /// Ranks count as one machine when they share a kernel (boot id), so fake
   /// nodes and containers on one host are counted together.
   std::size_t piece_bytes = 0;
+  /// An MPI stage (allreduce, reduce, broadcast among nodes) moves at most
+  /// this many bytes per MPI call; a larger one goes in several calls, one
+  /// after another. 0: SHMRING_MPI_CALL_BYTES (0 there: one call), else
+  /// 2 MiB; SIZE_MAX: one call. Over TCP loopback Open MPI 4.1's allreduce
+  /// between two ranks took 3.7 ms for 8 MiB in one call and 2.0 ms in
+  /// 2 MiB calls, 24 ms against 8.3 ms at 32 MiB, whatever its algorithm
+  /// (bench/README.md, thirteenth session). A network whose MPI moves large
+  /// messages well may prefer 0: measure with mpi_hier_perf.
+  std::size_t call_bytes = 0;
   /// What a failure inside a node does (a rank dead, a timeout, a
   /// mismatch, a failed MPI call). true (the default; SHMRING_MPI_ON_ERROR=
   /// abort): print the error, naming the rank, node and stage, to stderr
@@ -133,6 +142,9 @@ class SHMRING_MPI_API Communicator {
   /// Bytes per piece of the pipelined shards path (0: not pipelined), as
   /// set or as decided at construction (Options::piece_bytes).
   std::size_t piece_bytes() const noexcept;
+  /// Most bytes one blocking MPI call of a stage moves (0: no limit), as
+  /// set or by default (Options::call_bytes).
+  std::size_t call_bytes() const noexcept;
   /// The intra-node shmring communicator (ranks = local ranks).
   shmring::Communicator& node_communicator() noexcept;
   /// This layer's duplicate of the MPI communicator.

@@ -115,6 +115,9 @@ std::size_t Communicator::shards_bytes() const noexcept {
 std::size_t Communicator::piece_bytes() const noexcept {
   return impl_->piece_bytes;
 }
+std::size_t Communicator::call_bytes() const noexcept {
+  return impl_->call_bytes;
+}
 shmring::Communicator& Communicator::node_communicator() noexcept {
   return *impl_->node_comm;
 }

@@ -65,6 +65,7 @@ struct Communicator::Impl {
   Algorithm algorithm = Algorithm::automatic;
   std::size_t shards_bytes = 0;
   std::size_t piece_bytes = 0;  // pipelined shards: bytes per piece; 0: not pipelined
+  std::size_t call_bytes = 0;   // most bytes per blocking MPI call of a stage; 0: no limit
   bool abort_on_error = true;
 
   // --- MPI operators that propagate NaN (min, max on float/double) ----------
@@ -108,6 +109,9 @@ struct Communicator::Impl {
   void check_usable(const char* what) const;
 
   std::byte* scratch_bytes(std::vector<std::byte>& v, std::size_t bytes);
+  /// Elements of `esize` bytes one blocking MPI call of a stage carries:
+  /// call_bytes' worth (at least one), never more than kMaxMpiCount.
+  std::size_t per_call(std::size_t esize) const;
 
   // allreduce.cpp: choose, then run one script.
   Algorithm choose(std::size_t bytes) const;
@@ -174,5 +178,14 @@ inline constexpr std::size_t kMaxPieces = 16;
 
 /// Elements MPI moves per call: MPI counts are int; larger buffers go in pieces.
 inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
+
+/// Most bytes a blocking MPI call of a stage moves (Options::call_bytes,
+/// SHMRING_MPI_CALL_BYTES). Open MPI 4.1 between two ranks over TCP
+/// loopback (2-CPU VM, bench/README.md, thirteenth session), MPI_Allreduce
+/// in calls of 8 MiB / 4 / 2 / 1 MiB / 512 KiB: 8 MiB in 3724 / 3199 / 1965
+/// / 2786 / 2955 us, 32 MiB in 23876 / 12773 / 8274 / 11385 / 11766. On 2
+/// fake nodes x 2 ranks the hierarchical allreduce gained 1.4-1.6x at
+/// 16-64 MiB with 2 MiB calls and was unchanged below 4 MiB.
+inline constexpr std::size_t kDefaultCallBytes = 2 * 1024 * 1024;
 
 }  // namespace shmring::mpi

@@ -16,10 +16,12 @@
 //   (kernels/reduce.hpp): commutative to the bit, so the result does not
 //   depend on how MPI orders the nodes. MPI_MIN/MPI_MAX promise neither, so
 //   they are user-defined operators.
-// - Buffers past 2^30 elements go in pieces (MPI counts are int).
+// - Buffers past 2^30 elements go in pieces (MPI counts are int), and every
+//   stage in calls of at most call_bytes (kDefaultCallBytes: 2 MiB).
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -182,6 +184,11 @@ void divide_for_avg(void* p, std::size_t n, DataType wire, int by) {
 
 }  // namespace
 
+std::size_t Communicator::Impl::per_call(std::size_t esize) const {
+  if (call_bytes == 0) return kMaxMpiCount;
+  return std::clamp<std::size_t>(call_bytes / esize, 1, kMaxMpiCount);
+}
+
 void Communicator::Impl::mpi_allreduce(void* buf, std::size_t count, DataType dtype, ReduceOp op,
                                        MPI_Comm comm, const char* stage) {
   if (count == 0) return;
@@ -194,8 +201,9 @@ void Communicator::Impl::mpi_allreduce(void* buf, std::size_t count, DataType dt
   }
   const DataType wire = wide16 ? DataType::float32 : dtype;
   const std::size_t esize = datatype_size(wire);
-  for (std::size_t off = 0; off < count; off += kMaxMpiCount) {
-    const std::size_t n = std::min(kMaxMpiCount, count - off);
+  const std::size_t step = per_call(esize);
+  for (std::size_t off = 0; off < count; off += step) {
+    const std::size_t n = std::min(step, count - off);
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, static_cast<std::byte*>(data) + off * esize,
                             static_cast<int>(n), mpi_type(dtype), mpi_op(*this, dtype, op), comm),
               stage);
@@ -276,8 +284,9 @@ void Communicator::Impl::mpi_reduce(void* buf, std::size_t count, DataType dtype
   }
   const DataType wire = wide16 ? DataType::float32 : dtype;
   const std::size_t esize = datatype_size(wire);
-  for (std::size_t off = 0; off < count; off += kMaxMpiCount) {
-    const std::size_t n = std::min(kMaxMpiCount, count - off);
+  const std::size_t step = per_call(esize);
+  for (std::size_t off = 0; off < count; off += step) {
+    const std::size_t n = std::min(step, count - off);
     std::byte* p = static_cast<std::byte*>(data) + off * esize;
     check_mpi(MPI_Reduce(at_root ? MPI_IN_PLACE : p, at_root ? p : nullptr, static_cast<int>(n),
                          mpi_type(dtype), mpi_op(*this, dtype, op), root, comm),
@@ -290,8 +299,9 @@ void Communicator::Impl::mpi_reduce(void* buf, std::size_t count, DataType dtype
 
 void Communicator::Impl::mpi_bcast(void* buf, std::size_t bytes, int root, MPI_Comm comm,
                                    const char* stage) {
-  for (std::size_t off = 0; off < bytes; off += kMaxMpiCount) {
-    const std::size_t n = std::min(kMaxMpiCount, bytes - off);
+  const std::size_t step = per_call(1);
+  for (std::size_t off = 0; off < bytes; off += step) {
+    const std::size_t n = std::min(step, bytes - off);
     check_mpi(
         MPI_Bcast(static_cast<std::byte*>(buf) + off, static_cast<int>(n), MPI_BYTE, root, comm),
         stage);

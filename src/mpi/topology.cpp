@@ -179,6 +179,13 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   } else if (piece_bytes == SIZE_MAX) {
     piece_bytes = 0;  // not pipelined
   }
+  call_bytes = options.call_bytes;
+  if (call_bytes == 0) {
+    const std::string s = lower_env("SHMRING_MPI_CALL_BYTES");
+    call_bytes = s.empty() ? kDefaultCallBytes : parse_bytes(s, "SHMRING_MPI_CALL_BYTES");
+  } else if (call_bytes == SIZE_MAX) {
+    call_bytes = 0;  // one call
+  }
   if (options.abort_on_error >= 0) {
     abort_on_error = options.abort_on_error != 0;
   } else {

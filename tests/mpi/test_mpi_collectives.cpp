@@ -13,7 +13,8 @@
 //
 // Options: --algos auto,leaders,shards,flat (the allreduce algorithms to
 // run; one communicator each; ALGO/BYTES sets Options::piece_bytes, "none"
-// for no pipelining); --quick (counts without 2^20+3); --few-big
+// for no pipelining; ALGO@BYTES Options::call_bytes, "none" for one MPI
+// call per stage); --quick (counts without 2^20+3); --few-big
 // (2^20+3 for a few datatype/operator pairs only, in every collective);
 // --expect-nodes K (fail unless the layer sees K nodes).
 
@@ -479,14 +480,19 @@ int main(int argc, char** argv) {
   try {
     bool first = true;
     for (const std::string& algo : split(algos)) {
-      // ALGO or ALGO/PIECE_BYTES (the shards path's pieces; "none": not
+      // ALGO, ALGO/PIECE_BYTES (the shards path's pieces; "none": not
       // pipelined; small pieces put every count > 1 piece through the
-      // pipeline).
+      // pipeline) or ALGO@CALL_BYTES (the most bytes per MPI call of a
+      // stage; "none": one call; small ones put large stages in many).
       smpi::Options o;
-      o.algorithm = algo.substr(0, algo.find('/'));
+      o.algorithm = algo.substr(0, algo.find_first_of("/@"));
       if (const auto slash = algo.find('/'); slash != std::string::npos) {
         const std::string pieces = algo.substr(slash + 1);
         o.piece_bytes = pieces == "none" ? SIZE_MAX : std::stoull(pieces);
+      }
+      if (const auto at = algo.find('@'); at != std::string::npos) {
+        const std::string call = algo.substr(at + 1);
+        o.call_bytes = call == "none" ? SIZE_MAX : std::stoull(call);
       }
       smpi::Communicator comm(MPI_COMM_WORLD, o);
       if (first) {
@@ -539,6 +545,14 @@ int main(int argc, char** argv) {
                          comm.shards_bytes(), want);
             record(ok2);
           }
+        }
+        // MPI stages go in calls of at most 2 MiB unless set otherwise.
+        if (o.call_bytes == 0 && std::getenv("SHMRING_MPI_CALL_BYTES") == nullptr) {
+          const bool ok = comm.call_bytes() == 2u << 20;
+          if (!ok)
+            fmt::print(stderr, "rank {}: FAIL default call_bytes {}, expected 2 MiB\n", g_rank,
+                       comm.call_bytes());
+          record(ok);
         }
         if (expect_nodes > 0) {
           const bool ok = comm.num_nodes() == expect_nodes;
