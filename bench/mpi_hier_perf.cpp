@@ -64,7 +64,8 @@ class HierBackend {
 };
 
 // The shards allreduce's stages, each timed alone on float32 sum: the
-// measured parts of the cost model t = t_rs(S) + t_mpi(S/L) + t_ag(S).
+// measured parts of the cost model t = t_rs(S) + t_mpi(S/L) + t_ag(S)
+// (the MPI part in calls of the layer's call_bytes, as the layer makes them).
 void print_stages(HierBackend& b, const PerfOptions& o) {
   auto& comm = b.comm();
   const int L = comm.local_size();
@@ -106,8 +107,13 @@ void print_stages(HierBackend& b, const PerfOptions& o) {
     const double rs = time(iters, [&] {
       node.reduce_scatter(buf.data(), shard, chunk, DataType::float32, ReduceOp::sum);
     });
+    // In calls of the layer's size, as its MPI stage makes them.
+    const std::size_t per_call =
+        comm.call_bytes() ? std::max<std::size_t>(1, comm.call_bytes() / 4) : chunk;
     const double mpi = time(iters, [&] {
-      MPI_Allreduce(MPI_IN_PLACE, shard, static_cast<int>(chunk), MPI_FLOAT, MPI_SUM, cross);
+      for (std::size_t off = 0; off < chunk; off += per_call)
+        MPI_Allreduce(MPI_IN_PLACE, shard + off, static_cast<int>(std::min(per_call, chunk - off)),
+                      MPI_FLOAT, MPI_SUM, cross);
     });
     const double ag =
         time(iters, [&] { node.allgather(shard, buf.data(), chunk, DataType::float32); });
