@@ -964,6 +964,7 @@ py::dict config_dict(const Config& c) {
   d["job_id"] = c.job_id;
   d["slots"] = c.slots;
   d["slot_bytes"] = c.slot_bytes;
+  d["slice_bytes"] = c.slice_bytes;
   d["threads"] = c.threads;
   d["timeout_s"] = c.timeout_s;
   d["spin_us"] = c.spin_us;

@@ -187,6 +187,9 @@ def test_properties_and_close(job_id):
     c = shmring.Communicator(rank=0, size=1, job_id=job_id, timeout=5)
     assert (c.rank, c.size, c.local_rank, c.local_size) == (0, 1, 0, 1)
     assert c.config["job_id"] == job_id and c.config["timeout_s"] == 5
+    # A ring step moves a whole slot, or at most 64 KiB where oversubscribed.
+    slot = c.config["slot_bytes"]
+    assert c.config["slice_bytes"] == (min(slot, 65536) if c.config["oversubscribed"] else slot)
     assert job_id in repr(c)
     before = c.collective_count
     c.allreduce(np.zeros(2, np.float32))
