@@ -187,5 +187,8 @@ inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
 /// fake nodes x 2 ranks the hierarchical allreduce gained 1.4-1.6x at
 /// 16-64 MiB with 2 MiB calls and was unchanged below 4 MiB.
 inline constexpr std::size_t kDefaultCallBytes = 2 * 1024 * 1024;
+/// The smallest call size a setting may ask for (smaller ones make a large
+/// stage a call per few elements: 2 MiB in 1-byte calls ran for minutes).
+inline constexpr std::size_t kMinCallBytes = 4096;
 
 }  // namespace shmring::mpi

@@ -179,12 +179,23 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   } else if (piece_bytes == SIZE_MAX) {
     piece_bytes = 0;  // not pipelined
   }
+  // MPI call size: explicit (options, then the environment) or the default.
+  // Below a page a large stage would take a call per few elements.
   call_bytes = options.call_bytes;
-  if (call_bytes == 0) {
+  if (call_bytes == SIZE_MAX) {
+    call_bytes = 0;  // one call
+  } else if (call_bytes != 0) {
+    if (call_bytes < kMinCallBytes)
+      throw InvalidArgumentError(fmt::format(
+          "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
+          call_bytes, kMinCallBytes));
+  } else {
     const std::string s = lower_env("SHMRING_MPI_CALL_BYTES");
     call_bytes = s.empty() ? kDefaultCallBytes : parse_bytes(s, "SHMRING_MPI_CALL_BYTES");
-  } else if (call_bytes == SIZE_MAX) {
-    call_bytes = 0;  // one call
+    if (call_bytes != 0 && call_bytes < kMinCallBytes)
+      throw InvalidArgumentError(
+          fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes", s,
+                      kMinCallBytes));
   }
   if (options.abort_on_error >= 0) {
     abort_on_error = options.abort_on_error != 0;

@@ -446,6 +446,35 @@ void test_bad_arguments(smpi::Communicator& comm) {
   }
   if (!ok) fmt::print(stderr, "rank {}: FAIL Options::algorithm='ring' was not refused\n", g_rank);
   record(ok);
+  // MPI calls of a few bytes would make a large stage run for minutes.
+  const char* was = std::getenv("SHMRING_MPI_CALL_BYTES");
+  const std::string saved = was ? was : "";
+  for (const char* env : {"3", "abc"}) {
+    ok = false;
+    setenv("SHMRING_MPI_CALL_BYTES", env, 1);
+    try {
+      smpi::Communicator bad(MPI_COMM_WORLD);
+    } catch (const shmring::InvalidArgumentError& e) {
+      ok = std::string(e.what()).find("SHMRING_MPI_CALL_BYTES") != std::string::npos;
+    }
+    if (was)
+      setenv("SHMRING_MPI_CALL_BYTES", saved.c_str(), 1);
+    else
+      unsetenv("SHMRING_MPI_CALL_BYTES");
+    if (!ok)
+      fmt::print(stderr, "rank {}: FAIL SHMRING_MPI_CALL_BYTES={} was not refused\n", g_rank, env);
+    record(ok);
+  }
+  ok = false;
+  try {
+    smpi::Options o;
+    o.call_bytes = 1;
+    smpi::Communicator bad(MPI_COMM_WORLD, o);
+  } catch (const shmring::InvalidArgumentError& e) {
+    ok = std::string(e.what()).find("call_bytes=1") != std::string::npos;
+  }
+  if (!ok) fmt::print(stderr, "rank {}: FAIL Options::call_bytes=1 was not refused\n", g_rank);
+  record(ok);
 }
 
 std::vector<std::string> split(const std::string& s) {
