@@ -184,8 +184,8 @@ inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
 /// loopback (2-CPU VM, bench/README.md, thirteenth session), MPI_Allreduce
 /// in calls of 8 MiB / 4 / 2 / 1 MiB / 512 KiB: 8 MiB in 3724 / 3199 / 1965
 /// / 2786 / 2955 us, 32 MiB in 23876 / 12773 / 8274 / 11385 / 11766. On 2
-/// fake nodes x 2 ranks the hierarchical allreduce gained 1.4-1.6x at
-/// 16-64 MiB with 2 MiB calls and was unchanged below 4 MiB.
+/// fake nodes x 2 ranks the hierarchical allreduce was 1.25-1.56x faster at
+/// 8-64 MiB with 2 MiB calls than with one, and unchanged below 8 MiB.
 inline constexpr std::size_t kDefaultCallBytes = 2 * 1024 * 1024;
 /// The smallest call size a setting may ask for (smaller ones make a large
 /// stage a call per few elements: 2 MiB in 1-byte calls ran for minutes).
