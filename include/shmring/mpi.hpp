@@ -30,7 +30,7 @@ namespace shmring::mpi {
 /// Which allreduce runs (`SHMRING_MPI_ALGO`, or Options::algorithm).
 ///  - automatic: `leaders` below SHMRING_MPI_SHARDS_BYTES or when nodes hold
 ///    different numbers of ranks, `shards` from there on; one node alone is
-///    pure shmring.
+///    pure shmring; one rank per node is `flat` (nothing to do in a node).
 ///  - leaders: reduce to each node's leader over shmring, MPI allreduce among
 ///    the leaders, broadcast inside each node over shmring.
 ///  - shards: reduce-scatter inside each node over shmring, every local rank

@@ -29,7 +29,8 @@
 //
 // flat: one MPI_Allreduce over every rank (the baseline, for comparison).
 //
-// One node: the node's shmring allreduce, nothing else.
+// One node: the node's shmring allreduce, nothing else. One rank per node
+// (automatic): flat.
 //
 // avg: the node stages sum; the MPI stage divides once by N (mpi_reduce.cpp).
 
@@ -62,6 +63,10 @@ Algorithm Communicator::Impl::choose(std::size_t bytes) const {
   if (num_nodes == 1) return Algorithm::automatic;  // pure shmring
   if (!balanced) return Algorithm::leaders;
   if (algorithm != Algorithm::automatic) return algorithm;
+  // One rank per node: the node stages have nothing to move, and cost 7-21
+  // us at 64 KiB-1 MiB on 2 fake nodes x 1 rank (bench/README.md, thirteenth
+  // session); MPI alone is the allreduce.
+  if (num_nodes == size) return Algorithm::flat;
   return bytes >= shards_bytes ? Algorithm::shards : Algorithm::leaders;
 }
 
