@@ -120,6 +120,7 @@ HWY_AFTER_NAMESPACE();
 #include <vector>
 
 #include "kernels/reduce.hpp"
+#include "kernels/wide_kernels.hpp"
 
 namespace shmring::bench {
 HWY_EXPORT(sum_f32);
@@ -201,6 +202,75 @@ double gbps(std::size_t bytes, double seconds, F&& f) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= seconds) return 3.0 * static_cast<double>(bytes) * reps / s / 1e9;
     reps = s > 0 ? std::max(reps * 2, static_cast<int>(reps * seconds / s * 1.1)) : reps * 2;
+  }
+}
+
+// The 16-bit steps of the collectives (kernels/wide.hpp), the portable
+// loops beside the table this CPU runs, on one core. GB/s counts the bytes
+// a call reads and writes: a float64 partial is 8 bytes an element.
+void wide_table(double seconds) {
+  const shmring::detail::WideKernels& portable = shmring::detail::wide_kernels_portable();
+  const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512();
+  if (!best) best = shmring::detail::wide_kernels_avx2();
+  if (!best) best = &portable;
+  fmt::print("\n# 16-bit steps of the collectives: portable loops vs {} (GB/s, one core)\n",
+             best->isa);
+  fmt::print(
+      "# narrow: round(a + b) to 16 bits (N=2 ring step, direct N=2); wide: a + b as\n"
+      "# float64 (ring step at N>2, a: 16-bit or float64 partial); many4: round(s0 + s1\n"
+      "# + s2 + s3) (direct and two-shot paths at N=4)\n");
+  fmt::print("{:>16} {:>9} {:>10} {:>10} {:>8}\n", "kernel", "size", "portable", best->isa,
+             "speedup");
+  const std::size_t kSizes[] = {4u << 10, 256u << 10, 64u << 20};
+  for (int bf = 1; bf >= 0; --bf) {
+    for (int kind = 0; kind < 5; ++kind) {
+      const char* names[] = {"narrow 16+16", "wide 16+16", "wide w+16", "narrow w+16", "many4"};
+      for (std::size_t bytes : kSizes) {
+        const std::size_t n = bytes / 2;
+        Aligned a(n * 8), b(bytes), c(bytes), d(bytes), out(n * 8);
+        std::uint16_t* pa = static_cast<std::uint16_t*>(a.p);
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::uint16_t v =
+              static_cast<std::uint16_t>(bf ? 0x3f80 + (i % 97) : 0x3c00 + (i % 97));
+          pa[i] = v;
+          static_cast<std::uint16_t*>(b.p)[i] = v;
+          static_cast<std::uint16_t*>(c.p)[i] = v;
+          static_cast<std::uint16_t*>(d.p)[i] = v;
+        }
+        double moved = 0;  // bytes per element
+        auto run = [&](const shmring::detail::WideKernels& k) {
+          switch (kind) {
+            case 0:
+              k.to_narrow[bf][0][0](out.p, a.p, b.p, n, 1.0);
+              break;
+            case 1:
+              k.to_wide[bf][0][0](out.p, a.p, b.p, n);
+              break;
+            case 2:
+              k.to_wide[bf][0][1](out.p, out.p, b.p, n);
+              break;
+            case 3:
+              k.to_narrow[bf][0][1](b.p, out.p, c.p, n, 1.0);
+              break;
+            default: {
+              const void* srcs[4] = {a.p, b.p, c.p, d.p};
+              k.many[bf][0](out.p, srcs, 4, n, 1.0);
+            }
+          }
+        };
+        moved = kind == 0 ? 6 : kind == 1 ? 12 : kind == 2 ? 18 : kind == 3 ? 12 : 10;
+        auto rate = [&](const shmring::detail::WideKernels& k) {
+          // gbps() counts 3 x its byte argument per call.
+          return gbps(static_cast<std::size_t>(moved * n / 3), seconds, [&] { run(k); });
+        };
+        const double p = rate(portable);
+        const double v = rate(*best);
+        const std::string size = bytes >= (1u << 20) ? fmt::format("{}MiB", bytes >> 20)
+                                                     : fmt::format("{}KiB", bytes >> 10);
+        fmt::print("{:>16} {:>9} {:>10.2f} {:>10.2f} {:>8.2f}\n",
+                   fmt::format("{} {}", bf ? "bf16" : "f16", names[kind]), size, p, v, v / p);
+      }
+    }
   }
 }
 
@@ -330,6 +400,7 @@ int main(int argc, char** argv) {
   fmt::print(
       "# bf16 sum*: the target_clones column is a fused one-pass loop (fused_sum_bf16,\n"
       "# defined here), not the library's widen/add/narrow blocks\n");
+  wide_table(seconds);
   return failures == 0 ? 0 : 1;
 }
 

@@ -10,7 +10,8 @@
 //     later step reads the left's partial (16-bit if it was that first
 //     write, float64 otherwise) and writes a float64 partial; the final step
 //     rounds. A slot then carries slice_bytes / 8 elements (slice_elems).
-//   - direct: reduce_in_rank_order accumulates in a local float64 block.
+//   - direct and two-shot: reduce_in_rank_order reads every rank's 16-bit
+//     block and combines them in registers (detail::reduce_many_to_narrow).
 // At N = 2 no partial is ever sent, so slices keep their 16-bit size.
 
 #include <cstddef>
@@ -44,6 +45,11 @@ void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, b
 void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, bool src_partial,
                 const std::byte* in, std::size_t m, DataType dtype, ReduceOp op, int n);
 
+/// Up to this many sources a 16-bit block reduces in one pass
+/// (detail::reduce_many_to_narrow); more go through the Wide accumulator in
+/// memory, two sources at a time (the same bits).
+inline constexpr int kManyInRegisters = 64;
+
 /// One block of reduce_in_rank_order: o[i] = op over q of src(q)[i] for
 /// i < k, in rank order; `acc` holds k Wide partials for the 16-bit sum,
 /// prod and avg (kernels/wide.hpp), unused otherwise.
@@ -63,6 +69,11 @@ void reduce_block_in_rank_order(std::byte* o, Src&& src, int nsrc, std::size_t k
     }
   } else if (nsrc == 2) {
     detail::reduce_to_narrow(o, src(0), false, src(1), k, dtype, op, divisor);
+  } else if (nsrc <= kManyInRegisters) {
+    // Every source's block in one pass, the partial kept in registers.
+    const void* ptrs[kManyInRegisters];
+    for (int q = 0; q < nsrc; ++q) ptrs[q] = src(q);
+    detail::reduce_many_to_narrow(o, ptrs, nsrc, k, dtype, op, divisor);
   } else {
     detail::reduce_to_wide(acc, src(0), false, src(1), k, dtype, op);
     for (int q = 2; q < nsrc - 1; ++q) detail::reduce_to_wide(acc, acc, true, src(q), k, dtype, op);

@@ -1,14 +1,19 @@
 #include "kernels/wide.hpp"
 
 #include "kernels/target.hpp"
+#include "kernels/wide_kernels.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-// Plain loops the compiler vectorises (no intrinsics: the conversions are
-// written branch-free, with selects, so they become shifts, compares and
-// blends in every clone), compiled like kernels/reduce.cpp.
+// The portable loops (no intrinsics: the conversions are written
+// branch-free, with selects, so the compiler can vectorise them), compiled
+// like kernels/reduce.cpp. They are the reference that the x86 vector
+// kernels (kernels/wide_x86.cpp) match bit for bit, the tails of those
+// kernels, and the kernels themselves elsewhere. reduce_to_wide,
+// reduce_to_narrow and reduce_many_to_narrow pick the best table once.
 #define SHMRING_INLINE inline __attribute__((always_inline))
 // The clone set of kernels/target.hpp (NEON baseline on AArch64; no SVE
 // copy of these yet).
@@ -150,9 +155,6 @@ SHMRING_INLINE void to_narrow(void* dst, const void* a, const void* b, std::size
   }
 }
 
-using WideKernel = void (*)(void*, const void*, const void*, std::size_t);
-using NarrowKernel = void (*)(void*, const void*, const void*, std::size_t, double);
-
 // One clone set per (type, operator, operand form); target_clones needs
 // plain functions, so a macro spells them out.
 #define SHMRING_WIDE_KERNELS(T, name)                                                           \
@@ -197,12 +199,10 @@ SHMRING_WIDE_KERNELS(Bf16, bf16)
 SHMRING_WIDE_KERNELS(F16, f16)
 #undef SHMRING_WIDE_KERNELS
 
-// Index: [bfloat16?][prod?][a_wide?]
 constexpr WideKernel kToWide[2][2][2] = {
     {{add_16_16_f16, add_w_16_f16}, {mul_16_16_f16, mul_w_16_f16}},
     {{add_16_16_bf16, add_w_16_bf16}, {mul_16_16_bf16, mul_w_16_bf16}},
 };
-// Index: [bfloat16?][0 add, 1 prod, 2 add then divide][a_wide?]
 constexpr NarrowKernel kToNarrow[2][3][2] = {
     {{add_16_16_to_f16, add_w_16_to_f16},
      {mul_16_16_to_f16, mul_w_16_to_f16},
@@ -212,7 +212,77 @@ constexpr NarrowKernel kToNarrow[2][3][2] = {
      {avg_16_16_to_bf16, avg_w_16_to_bf16}},
 };
 
+// Many sources, portably: block by block, the sources two at a time
+// through a float64 accumulator that stays in L1 (the vectorised loops
+// above; the same operations in the same order as one pass in registers).
+constexpr std::size_t kManyBlock = 512;
+
+void many_blocks(void* dst, const void* const* srcs, int nsrc, std::size_t first, std::size_t n,
+                 bool bf16, int form, double q) {
+  alignas(64) Wide acc[kManyBlock];
+  const int op = form == 1 ? 1 : 0;  // kToWide's prod index
+  for (std::size_t i = 0; i < n; i += kManyBlock) {
+    const std::size_t k = std::min(kManyBlock, n - i);
+    auto at = [&](int s) { return static_cast<const unsigned char*>(srcs[s]) + 2 * (first + i); };
+    auto* d = static_cast<unsigned char*>(dst) + 2 * i;
+    if (nsrc == 2) {
+      kToNarrow[bf16][form][0](d, at(0), at(1), k, q);
+      continue;
+    }
+    kToWide[bf16][op][0](acc, at(0), at(1), k);
+    for (int s = 2; s < nsrc - 1; ++s) kToWide[bf16][op][1](acc, acc, at(s), k);
+    kToNarrow[bf16][form][1](d, acc, at(nsrc - 1), k, q);
+  }
+}
+
+template <bool Bf16, int Form>
+void many_from_0(void* d, const void* const* s, int ns, std::size_t n, double q) {
+  many_blocks(d, s, ns, 0, n, Bf16, Form, q);
+}
+
+const WideKernels kPortable = {
+    {{{add_16_16_f16, add_w_16_f16}, {mul_16_16_f16, mul_w_16_f16}},
+     {{add_16_16_bf16, add_w_16_bf16}, {mul_16_16_bf16, mul_w_16_bf16}}},
+    {{{add_16_16_to_f16, add_w_16_to_f16},
+      {mul_16_16_to_f16, mul_w_16_to_f16},
+      {avg_16_16_to_f16, avg_w_16_to_f16}},
+     {{add_16_16_to_bf16, add_w_16_to_bf16},
+      {mul_16_16_to_bf16, mul_w_16_to_bf16},
+      {avg_16_16_to_bf16, avg_w_16_to_bf16}}},
+    {{many_from_0<false, 0>, many_from_0<false, 1>, many_from_0<false, 2>},
+     {many_from_0<true, 0>, many_from_0<true, 1>, many_from_0<true, 2>}},
+    "portable"};
+
+int form_of(ReduceOp op, int divisor) {
+  return op == ReduceOp::prod ? 1 : (divisor != 1 ? 2 : 0);
+}
+
+// The best table this CPU runs, chosen once.
+const WideKernels& active() {
+  static const WideKernels& k = []() -> const WideKernels& {
+    if (const WideKernels* t = wide_kernels_avx512()) return *t;
+    if (const WideKernels* t = wide_kernels_avx2()) return *t;
+    return kPortable;
+  }();
+  return k;
+}
+
 }  // namespace
+
+#if !defined(__x86_64__)
+const WideKernels* wide_kernels_avx512() {
+  return nullptr;
+}
+const WideKernels* wide_kernels_avx2() {
+  return nullptr;
+}
+#endif
+
+const WideKernels& wide_kernels_portable() {
+  return kPortable;
+}
+
+namespace portable {
 
 void reduce_to_wide(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
                     DataType dtype, ReduceOp op) {
@@ -223,8 +293,47 @@ void reduce_to_wide(void* dst, const void* a, bool a_wide, const void* b, std::s
 void reduce_to_narrow(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
                       DataType dtype, ReduceOp op, int divisor) {
   if (n == 0) return;
-  const int form = op == ReduceOp::prod ? 1 : (divisor != 1 ? 2 : 0);
-  kToNarrow[dtype == DataType::bfloat16][form][a_wide](dst, a, b, n, static_cast<double>(divisor));
+  kToNarrow[dtype == DataType::bfloat16][form_of(op, divisor)][a_wide](
+      dst, a, b, n, static_cast<double>(divisor));
+}
+
+void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t first,
+                           std::size_t n, DataType dtype, ReduceOp op, int divisor) {
+  if (n == 0) return;
+  many_blocks(dst, srcs, nsrc, first, n, dtype == DataType::bfloat16, form_of(op, divisor),
+              static_cast<double>(divisor));
+}
+
+}  // namespace portable
+
+void reduce_to_wide(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
+                    DataType dtype, ReduceOp op) {
+  if (n == 0) return;
+  active().to_wide[dtype == DataType::bfloat16][op == ReduceOp::prod][a_wide](dst, a, b, n);
+}
+
+void reduce_to_narrow(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
+                      DataType dtype, ReduceOp op, int divisor) {
+  if (n == 0) return;
+  active().to_narrow[dtype == DataType::bfloat16][form_of(op, divisor)][a_wide](
+      dst, a, b, n, static_cast<double>(divisor));
+}
+
+void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n,
+                           DataType dtype, ReduceOp op, int divisor) {
+  if (n == 0) return;
+  if (nsrc == 1) {
+    // One source: the identity, rounded (a copy for 16-bit values; avg of
+    // one rank divides by 1).
+    std::memcpy(dst, srcs[0], 2 * n);
+    return;
+  }
+  active().many[dtype == DataType::bfloat16][form_of(op, divisor)](dst, srcs, nsrc, n,
+                                                                   static_cast<double>(divisor));
+}
+
+const char* wide_kernel_isa() {
+  return active().isa;
 }
 
 std::uint16_t wide_to_half(double x) {

@@ -58,6 +58,23 @@ void reduce_to_wide(void* dst, const void* a, bool a_wide, const void* b, std::s
 void reduce_to_narrow(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
                       DataType dtype, ReduceOp op, int divisor);
 
+/// dst[i] = round((s_0[i] op s_1[i] op ... op s_{nsrc-1}[i]) / divisor) to
+/// `dtype`, for i < n: every source holds n 16-bit values of `dtype`
+/// (srcs[q] points at them; any alignment); they combine as Wide values in
+/// the order q = 0, 1, ..., nsrc-1 (so the bits do not depend on who calls),
+/// kept in registers, and round once: the same bits as reduce_to_wide over
+/// sources 0..nsrc-2 followed by reduce_to_narrow with the last. op: sum,
+/// prod or avg; divisor as in reduce_to_narrow. nsrc >= 1; dst must not
+/// overlap a source unless it is that source exactly. This is how a rank
+/// that reads every rank's block reduces it (the direct and two-shot
+/// paths): no partial leaves the registers, only 16-bit bytes move.
+void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n,
+                           DataType dtype, ReduceOp op, int divisor);
+
+/// Which instruction set the 16-bit kernels run with here: "avx512",
+/// "avx2" (with F16C) or "portable" (the plain loops of kernels/wide.cpp).
+const char* wide_kernel_isa();
+
 /// The one rounding, exposed for tests: float64 -> float16 / bfloat16 bits,
 /// round to nearest even (NaN stays NaN, overflow gives inf).
 std::uint16_t wide_to_half(double x);

@@ -18,6 +18,7 @@
 
 #include "harness.hpp"
 #include "kernels/wide.hpp"
+#include "kernels/wide_kernels.hpp"
 
 using namespace shmring;
 
@@ -170,6 +171,188 @@ TEST_CASE("wide kernels: every 16-bit input widens exactly, unaligned, odd lengt
       }
     }
   }
+}
+
+// Every table of 16-bit kernels this CPU runs: the portable loops and the
+// x86 vector kernels where present (kernels/wide_kernels.hpp).
+std::vector<const detail::WideKernels*> wide_tables() {
+  std::vector<const detail::WideKernels*> v{&detail::wide_kernels_portable()};
+  for (const detail::WideKernels* t : {detail::wide_kernels_avx2(), detail::wide_kernels_avx512()})
+    if (t) v.push_back(t);
+  return v;
+}
+
+std::uint16_t load16(const std::vector<unsigned char>& v, std::size_t i) {
+  std::uint16_t h;
+  std::memcpy(&h, v.data() + 2 * i, 2);
+  return h;
+}
+
+TEST_CASE("the final rounding of every 16-bit kernel is correct at and around every midpoint") {
+  // The rounding inside the kernels, not only the exposed helpers: a
+  // float64 partial at, just above and just below every midpoint between
+  // two 16-bit neighbours (and at the neighbours), plus a 16-bit zero,
+  // through reduce_to_narrow's table entry of every instruction set, sum
+  // and avg by 1 and prod by 1.0. The many-input kernel reaches the same
+  // points from 16-bit inputs: lo + half an ulp (+ or - a small value).
+  for (const detail::WideKernels* k : wide_tables()) {
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const bool bf = t == DataType::bfloat16;
+      const std::uint32_t last = bf ? 0x7f7f : 0x7bff;
+      std::vector<double> xs;
+      for (std::uint32_t h = 0; h <= last; ++h) {
+        const double lo = decode16(t, static_cast<std::uint16_t>(h));
+        const double hi = h == last ? 2 * lo - decode16(t, static_cast<std::uint16_t>(h - 1))
+                                    : decode16(t, static_cast<std::uint16_t>(h + 1));
+        const double mid = (lo + hi) / 2;
+        const double tiny = std::ldexp(mid, -45);
+        for (double x : {lo, mid, mid + tiny, mid - tiny, std::nextafter(mid, 0.0),
+                         std::nextafter(mid, INFINITY)})
+          for (double y : {x, -x}) xs.push_back(y);
+      }
+      const std::size_t n = xs.size();
+      // -0, not +0: x + (-0) is x for every x, -0 included.
+      std::vector<unsigned char> zeros(2 * n), ones(2 * n), out(2 * n);
+      const std::uint16_t one = bf ? 0x3f80 : 0x3c00, minus_zero = 0x8000;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::memcpy(ones.data() + 2 * i, &one, 2);
+        std::memcpy(zeros.data() + 2 * i, &minus_zero, 2);
+      }
+      for (int form = 0; form < 3; ++form) {
+        // form 0: x + -0; 1: x * 1; 2: (x + -0) / 1 (the avg kernel).
+        k->to_narrow[bf][form][1](out.data(), xs.data(), form == 1 ? ones.data() : zeros.data(), n,
+                                  1.0);
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE_MESSAGE(load16(out, i) == encode16(t, xs[i]), std::string(k->isa), " ", name(t),
+                          " form ", form, " x=", xs[i], ": 0x", std::hex, load16(out, i),
+                          " want 0x", encode16(t, xs[i]));
+      }
+    }
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      // Three 16-bit sources whose exact sum is a midpoint or next to one.
+      const bool bf = t == DataType::bfloat16;
+      const int p = bf ? 8 : 11;
+      std::vector<std::uint16_t> s0, s1, s2;
+      std::vector<double> want;
+      // From where a sixteenth of half an ulp is still a 16-bit value.
+      for (std::uint32_t h = bf ? 0x0800u : 0x1800u; h < (bf ? 0x7f00u : 0x7800u); ++h) {
+        const double lo = decode16(t, static_cast<std::uint16_t>(h));
+        int e;
+        std::frexp(lo, &e);
+        const double half_ulp = std::ldexp(1.0, e - 1 - p);
+        const double small = std::ldexp(half_ulp, -4);
+        for (double extra : {0.0, small, -small}) {
+          for (double sign : {1.0, -1.0}) {
+            s0.push_back(encode16(t, sign * lo));
+            s1.push_back(encode16(t, sign * half_ulp));
+            s2.push_back(encode16(t, sign * extra));
+            want.push_back(sign * (lo + half_ulp + extra));
+          }
+        }
+      }
+      const std::size_t n = want.size();
+      std::vector<unsigned char> out(2 * n);
+      const void* srcs[3] = {s0.data(), s1.data(), s2.data()};
+      k->many[bf][0](out.data(), srcs, 3, n, 1.0);
+      for (std::size_t i = 0; i < n; ++i) {
+        // The sources must be exact (else the test, not the kernel, is off).
+        REQUIRE(decode16(t, s0[i]) + decode16(t, s1[i]) + decode16(t, s2[i]) == want[i]);
+        REQUIRE_MESSAGE(load16(out, i) == encode16(t, want[i]), std::string(k->isa), " ", name(t),
+                        " many: sum=", want[i], ": 0x", std::hex, load16(out, i), " want 0x",
+                        encode16(t, want[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("every instruction set's 16-bit kernels give the portable loops' bits") {
+  // Random 16-bit encodings (NaN, inf, zeros and subnormals among them),
+  // every kernel form, lengths around the vector widths, odd byte offsets.
+  const std::vector<const detail::WideKernels*> tables = wide_tables();
+  const detail::WideKernels& ref = detail::wide_kernels_portable();
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const std::size_t kMax = 301;
+  const int kSources = 9;
+  std::vector<std::vector<unsigned char>> src(kSources, std::vector<unsigned char>(2 * kMax + 2));
+  std::vector<unsigned char> wide(8 * kMax + 8);
+  for (auto& v : src)
+    for (auto& b : v) b = static_cast<unsigned char>(next());
+  for (std::size_t i = 0; i < kMax; ++i) {  // partials: sums of two random values
+    const double w = std::ldexp(static_cast<double>(static_cast<std::int64_t>(next()) >> 11),
+                                static_cast<int>(next() % 80) - 90);
+    std::memcpy(wide.data() + 1 + 8 * i, &w, 8);
+  }
+  // NaN payloads may differ when both operands are NaN (IEEE leaves the
+  // choice open): NaN against NaN counts as equal.
+  auto same = [](DataType t, std::uint16_t a, std::uint16_t b) {
+    return a == b || (std::isnan(decode16(t, a)) && std::isnan(decode16(t, b)));
+  };
+  for (const detail::WideKernels* k : tables) {
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const bool bf = t == DataType::bfloat16;
+      for (std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{15},
+            std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{64}, kMax}) {
+        std::vector<unsigned char> got(8 * n + 8), exp(8 * n + 8);
+        for (int prod = 0; prod < 2; ++prod)
+          for (int aw = 0; aw < 2; ++aw) {
+            const void* a = aw ? static_cast<const void*>(wide.data() + 1) : src[0].data() + 1;
+            k->to_wide[bf][prod][aw](got.data(), a, src[1].data() + 1, n);
+            ref.to_wide[bf][prod][aw](exp.data(), a, src[1].data() + 1, n);
+            for (std::size_t i = 0; i < n; ++i) {
+              double g, e;
+              std::memcpy(&g, got.data() + 8 * i, 8);
+              std::memcpy(&e, exp.data() + 8 * i, 8);
+              REQUIRE_MESSAGE(
+                  (g == e || (std::isnan(g) && std::isnan(e)) || std::memcmp(&g, &e, 8) == 0),
+                  std::string(k->isa), " to_wide ", name(t), " n=", n, " i=", i);
+            }
+          }
+        for (int form = 0; form < 3; ++form)
+          for (int aw = 0; aw < 2; ++aw) {
+            const void* a = aw ? static_cast<const void*>(wide.data() + 1) : src[0].data() + 1;
+            const double q = form == 2 ? 3.0 : 1.0;
+            k->to_narrow[bf][form][aw](got.data() + 1, a, src[1].data() + 1, n, q);
+            ref.to_narrow[bf][form][aw](exp.data() + 1, a, src[1].data() + 1, n, q);
+            for (std::size_t i = 0; i < n; ++i) {
+              std::uint16_t g, e;
+              std::memcpy(&g, got.data() + 1 + 2 * i, 2);
+              std::memcpy(&e, exp.data() + 1 + 2 * i, 2);
+              REQUIRE_MESSAGE(same(t, g, e), std::string(k->isa), " to_narrow ", name(t), " form ",
+                              form, " a_wide ", aw, " n=", n, " i=", i, ": 0x", std::hex, g,
+                              " want 0x", e);
+            }
+          }
+        for (int nsrc = 2; nsrc <= kSources; ++nsrc)
+          for (int form = 0; form < 3; ++form) {
+            std::vector<const void*> ptrs;
+            for (int q = 0; q < nsrc; ++q) ptrs.push_back(src[q].data() + 1);
+            const double q = form == 2 ? static_cast<double>(nsrc) : 1.0;
+            k->many[bf][form](got.data() + 1, ptrs.data(), nsrc, n, q);
+            ref.many[bf][form](exp.data() + 1, ptrs.data(), nsrc, n, q);
+            for (std::size_t i = 0; i < n; ++i) {
+              std::uint16_t g, e;
+              std::memcpy(&g, got.data() + 1 + 2 * i, 2);
+              std::memcpy(&e, exp.data() + 1 + 2 * i, 2);
+              REQUIRE_MESSAGE(same(t, g, e), std::string(k->isa), " many ", name(t), " nsrc ", nsrc,
+                              " form ", form, " n=", n, " i=", i, ": 0x", std::hex, g, " want 0x",
+                              e);
+            }
+          }
+      }
+    }
+  }
+  // The public entry points run the best table; it must be one of these.
+  const std::string isa = detail::wide_kernel_isa();
+  bool listed = false;
+  for (const detail::WideKernels* k : tables) listed = listed || isa == k->isa;
+  CHECK_MESSAGE(listed, isa);
 }
 
 // ---- Inputs: a pure function of (seed, rank, index), so any rank knows all. ----
@@ -402,6 +585,15 @@ TEST_CASE(
   for (int n = 2; n <= 8; ++n)
     run(
         n, "ring", [n](Communicator& comm) { check_random_mixes(comm, 1501, 200 + n); }, 4096);
+}
+
+TEST_CASE(
+    "random mixes of magnitudes equal the float64 reference rounded once, N=2..8, two-shot "
+    "rounds") {
+  // Small slots: 20000 elements take five rounds of 4096 (two_shot.cpp).
+  for (int n = 2; n <= 8; ++n)
+    run(
+        n, "two_shot", [n](Communicator& comm) { check_random_mixes(comm, 20000, 500 + n); }, 4096);
 }
 
 TEST_CASE("random mixes, default algorithm choice and slots, N=4, a count past the direct buffer") {

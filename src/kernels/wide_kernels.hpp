@@ -1,0 +1,48 @@
+#pragma once
+
+// The implementations behind kernels/wide.hpp, for the kernel files and the
+// tests: the portable loops (every CPU; the reference the vector kernels
+// must match bit for bit, and their tails) and the x86 vector tables.
+
+#include <cstddef>
+
+#include "kernels/wide.hpp"
+
+namespace shmring::detail {
+
+using WideKernel = void (*)(void* dst, const void* a, const void* b, std::size_t n);
+using NarrowKernel = void (*)(void* dst, const void* a, const void* b, std::size_t n, double q);
+using ManyKernel = void (*)(void* dst, const void* const* srcs, int nsrc, std::size_t n, double q);
+
+/// One instruction set's 16-bit kernels. Indices: [bfloat16?][prod?][a_wide?]
+/// for to_wide; [bfloat16?][0 add, 1 prod, 2 add then divide][a_wide?] for
+/// to_narrow; [bfloat16?][0 add, 1 prod, 2 add then divide] for many.
+struct WideKernels {
+  WideKernel to_wide[2][2][2];
+  NarrowKernel to_narrow[2][3][2];
+  ManyKernel many[2][3];
+  const char* isa;
+};
+
+/// The x86 tables (kernels/wide_x86.cpp); nullptr where the CPU lacks the
+/// instructions, and on other architectures.
+const WideKernels* wide_kernels_avx512();
+const WideKernels* wide_kernels_avx2();
+/// The portable loops as a table (kernels/wide.cpp).
+const WideKernels& wide_kernels_portable();
+
+namespace portable {
+
+/// kernels/wide.hpp's functions in plain loops.
+void reduce_to_wide(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
+                    DataType dtype, ReduceOp op);
+void reduce_to_narrow(void* dst, const void* a, bool a_wide, const void* b, std::size_t n,
+                      DataType dtype, ReduceOp op, int divisor);
+/// reduce_many_to_narrow over elements [first, first + n) of every source,
+/// written to dst[0, n).
+void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t first,
+                           std::size_t n, DataType dtype, ReduceOp op, int divisor);
+
+}  // namespace portable
+
+}  // namespace shmring::detail

@@ -1,0 +1,395 @@
+// The 16-bit reductions of kernels/wide.hpp with x86 vector instructions:
+// AVX-512 (F, BW, VL, DQ: 16 elements a step) and AVX2 with F16C (8 a step).
+// The same arithmetic as the portable loops of kernels/wide.cpp, lane by
+// lane, so both give the same bits (tests/core/test_kernels.cpp compares
+// them): widen each input exactly to float64, combine in float64 in the
+// order the caller gives, divide for avg, then round once (round to odd to
+// float32, then to nearest even to 16 bits). Everything between the 16-bit
+// loads and the 16-bit store stays in registers, so a step reads 2 bytes
+// per element and input and writes 2 (or 8 for a float64 partial); the
+// portable loops' scalar conversions ran at about 2 GB/s per core.
+//
+// Conversions (docs/design/accuracy.md gives the rounding argument):
+//   bfloat16 -> float32   zero-extend and shift left by 16 (exact, NaN kept);
+//   float16 -> float32    vcvtph2ps (exact; float16 subnormals are normal in
+//                         float32, so the denormals-are-zero mode cannot
+//                         touch them);
+//   float32 -> float64    vcvtps2pd (exact);
+//   float64 -> float32    round to odd: AVX-512 truncates with embedded
+//                         rounding ({rz-sae}) and sets the last bit when the
+//                         conversion was inexact; AVX2 rounds in the current
+//                         mode, steps back one ulp where it rounded away from
+//                         zero, then sets the last bit (the portable form);
+//   float32 -> bfloat16   the integer round-to-nearest-even (vcvtneps2bf16
+//                         treats subnormal inputs as zero, which would lose
+//                         bfloat16's subnormals);
+//   float32 -> float16    vcvtps2ph with round to nearest even; a NaN becomes
+//                         the portable loops' quiet NaN (sign | 0x7e00).
+// The tails of fewer than one vector go to the portable loops.
+
+#include "kernels/wide.hpp"
+#include "kernels/wide_kernels.hpp"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+// GCC 12's AVX-512 intrinsics start from self-initialised "undefined"
+// vectors, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <cstring>
+#include <type_traits>
+
+namespace shmring::detail {
+
+namespace {
+
+struct Add {};
+struct Mul {};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// AVX-512
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")
+
+namespace {
+namespace avx512 {
+
+constexpr std::size_t kLanes = 16;
+
+// 16 elements as float64.
+struct V {
+  __m512d lo, hi;
+};
+
+template <bool Bf16>
+inline __attribute__((always_inline)) V load16(const unsigned char* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m512 f;
+  if constexpr (Bf16)
+    f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else
+    f = _mm512_cvtph_ps(h);
+  return {_mm512_cvtps_pd(_mm512_castps512_ps256(f)),
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)))};
+}
+
+inline __attribute__((always_inline)) V load_wide(const unsigned char* p) {
+  return {_mm512_loadu_pd(p), _mm512_loadu_pd(p + 64)};
+}
+
+inline __attribute__((always_inline)) void store_wide(unsigned char* p, V v) {
+  _mm512_storeu_pd(p, v.lo);
+  _mm512_storeu_pd(p + 64, v.hi);
+}
+
+template <class Op>
+inline __attribute__((always_inline)) V apply(V a, V b) {
+  if constexpr (std::is_same_v<Op, Mul>)
+    return {_mm512_mul_pd(a.lo, b.lo), _mm512_mul_pd(a.hi, b.hi)};
+  else
+    return {_mm512_add_pd(a.lo, b.lo), _mm512_add_pd(a.hi, b.hi)};
+}
+
+inline __attribute__((always_inline)) V divide(V a, __m512d q) {
+  return {_mm512_div_pd(a.lo, q), _mm512_div_pd(a.hi, q)};
+}
+
+// float64 -> float32 bits, rounded to odd.
+inline __attribute__((always_inline)) __m256i round_to_odd(__m512d x) {
+  const __m256 t = _mm512_cvt_roundpd_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __mmask8 inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(t), x, _CMP_NEQ_UQ);
+  const __m256i b = _mm256_castps_si256(t);
+  return _mm256_mask_or_epi32(b, inexact, b, _mm256_set1_epi32(1));
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
+  const __m512i u =
+      _mm512_inserti64x4(_mm512_castsi256_si512(round_to_odd(v.lo)), round_to_odd(v.hi), 1);
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  __m256i h;
+  if constexpr (Bf16) {
+    const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    h = _mm512_cvtepi32_epi16(r);
+  } else {
+    const __m512 f = _mm512_castsi512_ps(u);
+    h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(high, _mm512_set1_epi32(0x8000)),
+                                          _mm512_set1_epi32(0x7e00));
+    h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(quiet));
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+}
+
+template <bool Bf16, class Op, bool AWide>
+void to_wide(void* dst, const void* a, const void* b, std::size_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  const std::size_t xs = AWide ? kWideBytes : 2;
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
+    store_wide(d + kWideBytes * i, apply<Op>(xv, load16<Bf16>(y + 2 * i)));
+  }
+  if (i < n)
+    portable::reduce_to_wide(d + kWideBytes * i, x + xs * i, AWide, y + 2 * i, n - i,
+                             Bf16 ? DataType::bfloat16 : DataType::float16,
+                             std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum);
+}
+
+template <bool Bf16, class Op, bool AWide, bool Divide>
+void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q) {
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  const std::size_t xs = AWide ? kWideBytes : 2;
+  const __m512d qv = _mm512_set1_pd(q);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
+    V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));
+    if constexpr (Divide) r = divide(r, qv);
+    store16<Bf16>(d + 2 * i, r);
+  }
+  if (i < n)
+    portable::reduce_to_narrow(d + 2 * i, x + xs * i, AWide, y + 2 * i, n - i,
+                               Bf16 ? DataType::bfloat16 : DataType::float16,
+                               std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum,
+                               Divide ? static_cast<int>(q) : 1);
+}
+
+template <bool Bf16, class Op, bool Divide>
+void many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n, double q) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const __m512d qv = _mm512_set1_pd(q);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const std::size_t off = 2 * i;
+    V acc = apply<Op>(load16<Bf16>(static_cast<const unsigned char*>(srcs[0]) + off),
+                      load16<Bf16>(static_cast<const unsigned char*>(srcs[1]) + off));
+    for (int s = 2; s < nsrc; ++s)
+      acc = apply<Op>(acc, load16<Bf16>(static_cast<const unsigned char*>(srcs[s]) + off));
+    if constexpr (Divide) acc = divide(acc, qv);
+    store16<Bf16>(d + off, acc);
+  }
+  if (i < n)
+    portable::reduce_many_to_narrow(
+        d + 2 * i, srcs, nsrc, i, n - i, Bf16 ? DataType::bfloat16 : DataType::float16,
+        std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum, Divide ? static_cast<int>(q) : 1);
+}
+
+}  // namespace avx512
+}  // namespace
+
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------------------
+// AVX2 + F16C
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c")
+
+namespace {
+namespace avx2 {
+
+constexpr std::size_t kLanes = 8;
+
+struct V {
+  __m256d lo, hi;
+};
+
+template <bool Bf16>
+inline __attribute__((always_inline)) V load16(const unsigned char* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  __m256 f;
+  if constexpr (Bf16)
+    f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else
+    f = _mm256_cvtph_ps(h);
+  return {_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))};
+}
+
+inline __attribute__((always_inline)) V load_wide(const unsigned char* p) {
+  return {_mm256_loadu_pd(reinterpret_cast<const double*>(p)),
+          _mm256_loadu_pd(reinterpret_cast<const double*>(p + 32))};
+}
+
+inline __attribute__((always_inline)) void store_wide(unsigned char* p, V v) {
+  _mm256_storeu_pd(reinterpret_cast<double*>(p), v.lo);
+  _mm256_storeu_pd(reinterpret_cast<double*>(p + 32), v.hi);
+}
+
+template <class Op>
+inline __attribute__((always_inline)) V apply(V a, V b) {
+  if constexpr (std::is_same_v<Op, Mul>)
+    return {_mm256_mul_pd(a.lo, b.lo), _mm256_mul_pd(a.hi, b.hi)};
+  else
+    return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)};
+}
+
+inline __attribute__((always_inline)) V divide(V a, __m256d q) {
+  return {_mm256_div_pd(a.lo, q), _mm256_div_pd(a.hi, q)};
+}
+
+// The low 32 bits of each 64-bit lane of a compare result.
+inline __attribute__((always_inline)) __m128i narrow_mask(__m256d m) {
+  const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(m), idx));
+}
+
+// float64 -> float32 bits, rounded to odd (in any rounding mode).
+inline __attribute__((always_inline)) __m128i round_to_odd(__m256d x) {
+  const __m128 f = _mm256_cvtpd_ps(x);
+  const __m256d back = _mm256_cvtps_pd(f);
+  const __m256d abs = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffll));
+  const __m128i inexact = narrow_mask(_mm256_cmp_pd(back, x, _CMP_NEQ_UQ));
+  const __m128i away =
+      narrow_mask(_mm256_cmp_pd(_mm256_and_pd(back, abs), _mm256_and_pd(x, abs), _CMP_GT_OQ));
+  const __m128i one = _mm_set1_epi32(1);
+  __m128i b = _mm_castps_si128(f);
+  b = _mm_sub_epi32(b, _mm_and_si128(away, one));  // away implies inexact
+  return _mm_or_si128(b, _mm_and_si128(inexact, one));
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
+  const __m256i u = _mm256_set_m128i(round_to_odd(v.hi), round_to_odd(v.lo));
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  __m128i h;
+  if constexpr (Bf16) {
+    const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    // Magnitudes are below 2^31: the signed compare is the unsigned one.
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  } else {
+    const __m256 f = _mm256_castsi256_ps(u);
+    h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(high, _mm256_set1_epi32(0x8000)),
+                                          _mm256_set1_epi32(0x7e00));
+    const __m128i quiet16 =
+        _mm_packus_epi32(_mm256_castsi256_si128(quiet), _mm256_extracti128_si256(quiet, 1));
+    const __m128i nan16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    h = _mm_blendv_epi8(h, quiet16, nan16);
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+}
+
+template <bool Bf16, class Op, bool AWide>
+void to_wide(void* dst, const void* a, const void* b, std::size_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  const std::size_t xs = AWide ? kWideBytes : 2;
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
+    store_wide(d + kWideBytes * i, apply<Op>(xv, load16<Bf16>(y + 2 * i)));
+  }
+  if (i < n)
+    portable::reduce_to_wide(d + kWideBytes * i, x + xs * i, AWide, y + 2 * i, n - i,
+                             Bf16 ? DataType::bfloat16 : DataType::float16,
+                             std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum);
+}
+
+template <bool Bf16, class Op, bool AWide, bool Divide>
+void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q) {
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  const std::size_t xs = AWide ? kWideBytes : 2;
+  const __m256d qv = _mm256_set1_pd(q);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
+    V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));
+    if constexpr (Divide) r = divide(r, qv);
+    store16<Bf16>(d + 2 * i, r);
+  }
+  if (i < n)
+    portable::reduce_to_narrow(d + 2 * i, x + xs * i, AWide, y + 2 * i, n - i,
+                               Bf16 ? DataType::bfloat16 : DataType::float16,
+                               std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum,
+                               Divide ? static_cast<int>(q) : 1);
+}
+
+template <bool Bf16, class Op, bool Divide>
+void many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n, double q) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const __m256d qv = _mm256_set1_pd(q);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const std::size_t off = 2 * i;
+    V acc = apply<Op>(load16<Bf16>(static_cast<const unsigned char*>(srcs[0]) + off),
+                      load16<Bf16>(static_cast<const unsigned char*>(srcs[1]) + off));
+    for (int s = 2; s < nsrc; ++s)
+      acc = apply<Op>(acc, load16<Bf16>(static_cast<const unsigned char*>(srcs[s]) + off));
+    if constexpr (Divide) acc = divide(acc, qv);
+    store16<Bf16>(d + off, acc);
+  }
+  if (i < n)
+    portable::reduce_many_to_narrow(
+        d + 2 * i, srcs, nsrc, i, n - i, Bf16 ? DataType::bfloat16 : DataType::float16,
+        std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum, Divide ? static_cast<int>(q) : 1);
+}
+
+}  // namespace avx2
+}  // namespace
+
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------------------
+// The tables, indexed as WideKernels (kernels/wide_kernels.hpp) says.
+
+#define SHMRING_WIDE_TABLE(ns, isa_name)                                                     \
+  WideKernels {                                                                              \
+    {{{ns::to_wide<false, Add, false>, ns::to_wide<false, Add, true>},                       \
+      {ns::to_wide<false, Mul, false>, ns::to_wide<false, Mul, true>}},                      \
+     {{ns::to_wide<true, Add, false>, ns::to_wide<true, Add, true>},                         \
+      {ns::to_wide<true, Mul, false>, ns::to_wide<true, Mul, true>}}},                       \
+        {{{ns::to_narrow<false, Add, false, false>, ns::to_narrow<false, Add, true, false>}, \
+          {ns::to_narrow<false, Mul, false, false>, ns::to_narrow<false, Mul, true, false>}, \
+          {ns::to_narrow<false, Add, false, true>, ns::to_narrow<false, Add, true, true>}},  \
+         {{ns::to_narrow<true, Add, false, false>, ns::to_narrow<true, Add, true, false>},   \
+          {ns::to_narrow<true, Mul, false, false>, ns::to_narrow<true, Mul, true, false>},   \
+          {ns::to_narrow<true, Add, false, true>, ns::to_narrow<true, Add, true, true>}}},   \
+        {{ns::many_to_narrow<false, Add, false>, ns::many_to_narrow<false, Mul, false>,      \
+          ns::many_to_narrow<false, Add, true>},                                             \
+         {ns::many_to_narrow<true, Add, false>, ns::many_to_narrow<true, Mul, false>,        \
+          ns::many_to_narrow<true, Add, true>}},                                             \
+        isa_name                                                                             \
+  }
+
+const WideKernels* wide_kernels_avx512() {
+  static const WideKernels table = SHMRING_WIDE_TABLE(avx512, "avx512");
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok ? &table : nullptr;
+}
+
+const WideKernels* wide_kernels_avx2() {
+  static const WideKernels table = SHMRING_WIDE_TABLE(avx2, "avx2");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return ok ? &table : nullptr;
+}
+
+#undef SHMRING_WIDE_TABLE
+
+}  // namespace shmring::detail
+
+#endif  // __x86_64__
