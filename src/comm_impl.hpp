@@ -229,8 +229,11 @@ struct Communicator::Impl {
   // ---- Collective framing. ----
   /// Picks the algorithm for a collective whose largest per-rank buffer in
   /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
-  /// a payload too big for the direct buffers always goes by ring).
-  Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes) const;
+  /// a payload too big for the direct buffers goes by ring, except an
+  /// allreduce whose ring would carry float64 partials, `wide`: a float16 or
+  /// bfloat16 sum, prod or avg at N > 2, which takes the two-shot rounds).
+  Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes,
+                   bool wide = false) const;
   /// Throws InvalidArgumentError in a process forked (without exec) from the
   /// one that attached: only that process may use the rank.
   void check_owner() const;
@@ -376,6 +379,13 @@ void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
                             const VectorArgs& v, DataType dtype);
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op);
+/// The two-shot allreduce for any size, in rounds of half the slot area
+/// (two_shot.cpp); the engine runs it where allreduce_two_shot's direct
+/// buffer is too small.
+void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
+                               std::size_t count, DataType dtype, ReduceOp op);
+/// Elements of `dtype` that one round of allreduce_two_shot_rounds moves.
+std::size_t two_shot_piece_elems(const Communicator::Impl& c, DataType dtype);
 // Staged algorithms through the direct buffers, in rounds (staged.cpp).
 // Any world size (size 1: the local copy only).
 void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,

@@ -16,6 +16,7 @@
 #include "front_checks.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
+#include "kernels/wide.hpp"
 #include "log.hpp"
 #include "placement.hpp"
 #include "shmring/version.hpp"
@@ -234,7 +235,7 @@ void Communicator::Impl::release_recv() {
   publish(my_area().consumed, ++recvd);
 }
 
-Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload) const {
+Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload, bool wide) const {
   // Barriers and allreduces whose data fits one line travel in one line per
   // rank unless an algorithm is forced (SHMRING_ALGO=direct keeps testing
   // the direct path at every size).
@@ -273,10 +274,17 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload)
                                               : payload >= 4 * 1024 && payload < 2 * 1024 * 1024;
     if (staged) return Algorithm::staged;
   }
-  if (payload > seg->direct_bytes()) return Algorithm::ring;
-  if (forced_algorithm == Algorithm::ring) return Algorithm::ring;
   if (forced_algorithm == Algorithm::two_shot && kind == CollectiveKind::allreduce)
-    return Algorithm::two_shot;
+    return Algorithm::two_shot;  // any size: the rounds carry what the buffer cannot
+  if (forced_algorithm == Algorithm::ring) return Algorithm::ring;
+  if (payload > seg->direct_bytes()) {
+    // A 16-bit sum at N > 2: the ring's reduce-scatter would carry float64
+    // partials, 4x the bytes of the data; the two-shot rounds reduce every
+    // rank's 16-bit copy in registers instead (two_shot.cpp).
+    if (kind == CollectiveKind::allreduce && wide && size > 2 && !forced_algorithm)
+      return Algorithm::two_shot;
+    return Algorithm::ring;
+  }
   if (forced_algorithm == Algorithm::direct) return Algorithm::direct;
   if (kind == CollectiveKind::allreduce) {
     // Measured crossovers (allreduce_perf, SHMRING_ALGO=direct|ring, float32;
@@ -813,7 +821,7 @@ Op make_allreduce(Communicator::Impl& c, const void* send, void* recv, std::size
     check_pointer(c, what, "recv", recv, bytes);
     check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
   });
-  Algorithm a = c.choose(CollectiveKind::allreduce, bytes);
+  Algorithm a = c.choose(CollectiveKind::allreduce, bytes, detail::reduces_wide(dtype, op));
   return {{CollectiveKind::allreduce, count, dtype, op, -1, a}, send, recv, bytes};
 }
 

@@ -40,7 +40,10 @@ void Communicator::Impl::run(const Op& o) {
       } else if (direct) {
         algo::allreduce_direct(*this, o.send, o.recv, d.count, d.dtype, d.op);
       } else if (d.algorithm == Algorithm::two_shot) {
-        algo::allreduce_two_shot(*this, o.send, o.recv, d.count, d.dtype, d.op);
+        if (o.bytes <= seg->direct_bytes())
+          algo::allreduce_two_shot(*this, o.send, o.recv, d.count, d.dtype, d.op);
+        else
+          algo::allreduce_two_shot_rounds(*this, o.send, o.recv, d.count, d.dtype, d.op);
       } else {
         algo::allreduce_ring(*this, o.send, o.recv, d.count, d.dtype, d.op);
       }

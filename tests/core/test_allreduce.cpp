@@ -215,15 +215,18 @@ void check_allreduce(Communicator& comm, DataType t, ReduceOp op, std::size_t co
   if (!in_place) SHMRING_CHILD_CHECK(recv[count * es] == 0xAB, "rank %d wrote past the end", r);
 }
 
-void run_matrix(int n, std::vector<std::size_t> counts) {
-  auto status = test::run_ranks(n, [&](Communicator& comm) {
-    for (std::size_t count : counts)
-      for (DataType t : kTypes)
-        for (ReduceOp op : kOps) {
-          if (op == ReduceOp::avg && !is_floating(t)) continue;
-          for (bool in_place : {false, true}) check_allreduce(comm, t, op, count, in_place);
-        }
-  });
+void run_matrix(int n, std::vector<std::size_t> counts, const Options& options = {}) {
+  auto status = test::run_ranks(
+      n,
+      [&](Communicator& comm) {
+        for (std::size_t count : counts)
+          for (DataType t : kTypes)
+            for (ReduceOp op : kOps) {
+              if (op == ReduceOp::avg && !is_floating(t)) continue;
+              for (bool in_place : {false, true}) check_allreduce(comm, t, op, count, in_place);
+            }
+      },
+      120, options);
   for (int r = 0; r < n; ++r) CHECK_MESSAGE(status[r] == 0, "rank ", r, " exit status ", status[r]);
 }
 
@@ -442,5 +445,18 @@ TEST_CASE("allreduce on the two-shot path is exact for every datatype and operat
     auto N = static_cast<std::size_t>(n);
     run_matrix(n, {0, 1, N - 1, N + 1, 1009, 4001});
   }
+  unsetenv("SHMRING_ALGO");
+}
+
+TEST_CASE("allreduce in two-shot rounds is exact past the direct buffer, every datatype and op") {
+  // 4 slots of 4 KiB: rounds of 8 KiB (two_shot.cpp), so these counts take
+  // 2 to 40 rounds with a short last piece, parts of every size (some
+  // empty in the last piece) and both halves of the slot area reused.
+  setenv("SHMRING_ALGO", "two_shot", 1);
+  setenv("SHMRING_DIRECT_BYTES", "4096", 1);
+  Options small;
+  small.slot_bytes = 4096;
+  for (int n : {2, 3, 5}) run_matrix(n, {2049, 8192 + 1, 40000}, small);
+  unsetenv("SHMRING_DIRECT_BYTES");
   unsetenv("SHMRING_ALGO");
 }
