@@ -314,6 +314,10 @@ struct Communicator::Impl {
   // p2p.get() once made: every send/recv reads this instead of entering
   // std::call_once, which sets two thread-locals of libstdc++ on each call.
   std::atomic<detail::P2p*> p2p_made{nullptr};
+  /// A send/recv of this rank has thrown an error that broke the
+  /// communicator (p2p.cpp, "Ending early"): the job's first error was this
+  /// rank's first, so later calls throw AbortedError (rethrow_abort).
+  std::atomic<bool> p2p_failed{false};
 
   // Parallel kernels inside this rank's arena.
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,

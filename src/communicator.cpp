@@ -331,7 +331,8 @@ void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
   const bool blames_my_call =
       a.code == static_cast<std::uint32_t>(ErrorCode::mismatch) &&
       a.reason.find(fmt::format("rank {} made an invalid call", rank)) != std::string::npos;
-  const bool follow_up = broken.has_value() || blames_my_call;
+  const bool follow_up =
+      broken.has_value() || blames_my_call || p2p_failed.load(std::memory_order_relaxed);
   broken = a.reason;
   if (follow_up) throw AbortedError(unusable_message());
   throw_error(static_cast<ErrorCode>(a.code), a.reason);

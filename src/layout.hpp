@@ -28,13 +28,14 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    13;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    14;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
          // 104-byte low-latency lines; 11: eager blocks of 8 lines;
          // 12: Counter's futex words on a line of their own,
-         // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed
+         // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
+         // 14: p2p withdrawn / taking words, refused verdicts
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -286,6 +287,9 @@ struct P2pVerdict {
   std::atomic<std::uint64_t> word;        // (m+1) << 8 | r's dtype << 2 | code
   std::atomic<std::uint64_t> recv_count;  // r's count, for a mismatch message
 };
+/// r did not read message m: s had withdrawn its unfinished sends to r
+/// (P2pChannel::send.withdrawn) before r could take it.
+inline constexpr std::uint64_t kP2pVerdictRefused = 0;
 inline constexpr std::uint64_t kP2pVerdictOk = 1;
 inline constexpr std::uint64_t kP2pVerdictMismatch = 2;
 /// r's single-copy read of the message failed with EFAULT: recv_count then
@@ -294,22 +298,29 @@ inline constexpr std::uint64_t kP2pVerdictBadBuffer = 3;
 inline constexpr std::uint64_t kP2pBadSendBuffer = 0;
 inline constexpr std::uint64_t kP2pBadRecvBuffer = 1;
 
+inline constexpr std::uint64_t kP2pWithdrawnFailed = 1;     // a send to r failed
+inline constexpr std::uint64_t kP2pWithdrawnDestroyed = 2;  // s destroyed its communicator
+
 /// Directed pair s -> r.
 struct P2pChannel {
   struct alignas(kLine) {
     std::atomic<std::uint64_t> unused;         // was `posted`: r polls P2pEntry::seq now
     std::atomic<std::uint64_t> staged;         // slices written into r's staging slots
     std::atomic<std::uint64_t> verdicts_read;  // verdicts s has read
-  } send;                                      // written by s
+    // Nonzero (a kP2pWithdrawn* code) once s gave up on its unfinished sends
+    // to r: r then never reads s's memory again (p2p.cpp, "Ending early").
+    std::atomic<std::uint64_t> withdrawn;
+  } send;  // written by s
   // A line of its own: r stores it after every batch of headers, and s
   // reads it only when its copy says all entries are taken, while s reads
   // `verdicts` below at every send.
   alignas(kLine) std::atomic<std::uint64_t> headers_read;  // headers r copied (entries free)
   struct alignas(kLine) {
-    std::atomic<std::uint64_t> drained;             // slices of s that r has copied out
-    std::atomic<std::uint64_t> active;              // m+1: message m may stream into r's slots now
-    std::atomic<std::uint64_t> verdicts;            // verdicts published
-  } recv;                                           // written by r
+    std::atomic<std::uint64_t> drained;   // slices of s that r has copied out
+    std::atomic<std::uint64_t> active;    // m+1: message m may stream into r's slots now
+    std::atomic<std::uint64_t> verdicts;  // verdicts published
+    std::atomic<std::uint64_t> taking;    // m+1: r reads message m from s's memory now (or did)
+  } recv;                                 // written by r
   alignas(kLine) P2pVerdict verdict[kP2pVerdicts];  // written by r
   P2pEntry entry[kP2pEntries];                      // written by s
 };

@@ -80,6 +80,42 @@
 // no message within a short poll) falls through to the general path above,
 // which also copies out the headers of every other peer.
 //
+// Ending early, and the communicator's state afterwards. A send or recv
+// ends early by a timeout, a dead peer, an abort, or the communicator's
+// destruction; a dropped Request waits for its operation (request.cpp), so it
+// ends in one of these or completes. Two rules:
+//   - A send that ended early is never delivered: the receiver must not read
+//     the sender's buffer once the sender has returned it to its caller.
+//     Inline and outbox messages were copied into the segment when posted
+//     (the send succeeded then), and a staged message moves only while the
+//     sender copies it, so only single-copy reads need a hand-shake: the
+//     sender first stores its channel's `withdrawn` word (all its unfinished
+//     sends to that receiver, for good), then reads the receiver's `taking`;
+//     the receiver stores `taking` = m+1, then reads `withdrawn`, before it
+//     reads message m (both seq_cst: one of the two sees the other). A
+//     receiver that sees `withdrawn` fails the recv and answers with a
+//     refused verdict; a sender that sees `taking` name the message keeps it
+//     until its verdict (the read is short; the receiver's death or a further
+//     SHMRING_TIMEOUT ends that wait) and only then completes it with its
+//     error (end_early). A staged recv whose sender withdrew fails at its
+//     next check instead of waiting for slices that will not come.
+//   - After a timeout or a dead peer the communicator is broken, on every
+//     rank, as after a failed collective (README.md, "Rules"): the rank that
+//     found the error records it as the job's error (break_job), its
+//     operation throws it, and every pending and later send, recv or
+//     collective of every rank throws it (the job's error class, naming the
+//     call) or, on a rank that has thrown an error already, AbortedError
+//     "communicator is unusable after an earlier error". An abort does the
+//     same. MPI's default error handler and NCCL do the same for the same
+//     reason: after a send gave up on a message, or a recv on its sender,
+//     the two ranks disagree about which messages of their pair were taken,
+//     and any later match could pair a message with the wrong recv. Errors
+//     both sides see on the same message and that leave nothing behind (a
+//     mismatch, a bad buffer) and argument errors (refused before anything
+//     is posted) leave the communicator usable. A destroyed communicator
+//     withdraws its unfinished sends (its peers' recvs of them fail, naming
+//     it) without breaking the others: they see its rank as gone.
+//
 // Segment bytes (layout.hpp, p2p_region_bytes): N doorbells of 128 B, N^2
 // channels of 1 KiB (four 128-B lines of counters and verdicts, 8 headers of
 // 64 B), N x 128 KiB of staging and N x 64 KiB of outboxes: N=8: 1.6 MiB;
@@ -181,6 +217,9 @@ struct P2p::Op {
   std::shared_ptr<RequestState> req;  // null for blocking calls
   bool done = false;
   std::exception_ptr error;
+  // A posted send given up on while its receiver was reading it (end_early):
+  // it completes with this error at its verdict.
+  std::exception_ptr failing;
   Clock::time_point deadline;
   // Send: message number once posted; eager = inline (done at posting;
   // an outbox send is too, decided at posting: buffered below).
@@ -202,6 +241,7 @@ struct P2p::PeerState {
   std::uint64_t headers_read = 0;   // last value read of channel(me, peer).recv.headers_read
   std::uint64_t verdicts_read = 0;  // mirror of channel(me, peer).send.verdicts_read
   std::exception_ptr deferred;      // mismatch of an inline send that had returned
+  bool withdrawn = false;           // we set channel(me, peer).send.withdrawn
   // The last buffered (inline or outbox) sends, for a mismatch verdict that
   // comes after they returned: message m at m mod kRememberBuffered (a ring,
   // so that a small send allocates nothing). Older ones are described
@@ -268,9 +308,26 @@ P2p::~P2p() {
     fail_all(stage_queue_);
     for (auto& op : pending_ops)
       if (!op->done)
-        finish(op, std::make_exception_ptr(AbortedError(
-                       fmt::format("rank {}: the communicator was destroyed while {} was pending",
-                                   c_.rank, describe(*op)))));
+        end_early(op,
+                  std::make_exception_ptr(AbortedError(
+                      fmt::format("rank {}: the communicator was destroyed while {} was pending",
+                                  c_.rank, describe(*op)))),
+                  kP2pWithdrawnDestroyed);
+    // A send whose receiver was reading it when we withdrew it completes at
+    // its verdict (the read is short), the receiver's death or its deadline:
+    // the caller may free the buffer once we return.
+    auto reading = [&] {
+      return std::any_of(pending_ops.begin(), pending_ops.end(),
+                         [](const OpPtr& o) { return !o->done; });
+    };
+    while (reading()) {
+      progress(lock);
+      check_pending(lock);
+      if (!reading()) break;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      lock.lock();
+    }
     deliver(lock);
   }
   cv_.notify_all();
@@ -399,6 +456,10 @@ P2p::OpPtr P2p::make_op(bool is_send, const void* buf, std::size_t count, DataTy
 
 void P2p::post(const OpPtr& op) {
   std::unique_lock lock(mutex_);
+  // A broken communicator (a failed send, recv or collective, or abort(), on
+  // any rank) takes no new message: see "Ending early" above.
+  if (auto a = read_abort(c_.seg->header()))
+    std::rethrow_exception(job_error(*op, *a, c_.p2p_failed.exchange(true)));
   PeerState& ps = peers_[static_cast<std::size_t>(op->peer)];
   if (op->is_send) progress_send(op->peer, ps);  // picks up verdicts of inline sends
   if (op->is_send && ps.deferred) {
@@ -453,7 +514,15 @@ bool P2p::progress_send(int peer, PeerState& ps) {
       auto it = ps.outstanding.find(m);
       OpPtr op = it == ps.outstanding.end() ? nullptr : it->second;
       if (op) ps.outstanding.erase(it);
-      if ((word & 3) == kP2pVerdictMismatch) {
+      if (op && op->failing) {
+        finish(op, op->failing);  // given up on while the receiver read it: it is done now
+      } else if ((word & 3) == kP2pVerdictRefused) {
+        if (op)
+          finish(op, std::make_exception_ptr(PeerFailureError(fmt::format(
+                         "rank {}: {} (message #{}) was not delivered: rank {} refused it because "
+                         "this rank had withdrawn its unfinished sends to it",
+                         c_.rank, describe(*op), m, peer))));
+      } else if ((word & 3) == kP2pVerdictMismatch) {
         const auto rdt = static_cast<DataType>((word >> 2) & 0x3f);
         const std::uint64_t rcount = v.recv_count.load(std::memory_order_relaxed);
         const PeerState::Sent* b = ps.find_buffered(m);
@@ -637,7 +706,16 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
     return;
   }
   PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  P2pChannel& ch = channel(peer, c_.rank);
   if (cma_ && !ps.cma_refused && (h.flags & kP2pCmaOffered)) {
+    // Claim the message, then look whether the sender withdrew it; the
+    // sender stores `withdrawn`, then reads `taking` (withdraw()): one of
+    // the two sees the other, so a send given up on is never read.
+    ch.recv.taking.store(h.msg + 1, std::memory_order_seq_cst);
+    if (const std::uint64_t w = ch.send.withdrawn.load(std::memory_order_seq_cst)) {
+      refuse(peer, op, w);
+      return;
+    }
     const int pid = c_.area(peer).info.pid.load(std::memory_order_relaxed);
     const int err = cma_read_parallel(cma_arena(op->bytes), pid, op->buf, h.addr, op->bytes);
     if (err == 0) {
@@ -647,9 +725,10 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
     // EFAULT from a peer that died, its pid taken by another process of
     // ours: the death, not a bad buffer.
     if (err == ESRCH || (err == EFAULT && !c_.seg->rank_alive(peer))) {
-      finish(op,
-             std::make_exception_ptr(PeerFailureError(fmt::format(
-                 "rank {}: rank {} (pid {}) died during {}", c_.rank, peer, pid, describe(*op)))));
+      auto error = std::make_exception_ptr(PeerFailureError(fmt::format(
+          "rank {}: rank {} (pid {}) died during {}", c_.rank, peer, pid, describe(*op))));
+      finish(op, error);
+      break_job(error);
       return;
     }
     if (err == EFAULT) {
@@ -680,6 +759,12 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
                 "single-copy reads (process_vm_readv) from rank {} failed: {}; its messages are "
                 "staged through shared memory from now on",
                 peer, std::strerror(err));
+  }
+  // The sender copies staged slices itself and stops when it gives up; a
+  // message it withdrew before we got here is refused at once.
+  if (const std::uint64_t w = ch.send.withdrawn.load(std::memory_order_acquire)) {
+    refuse(peer, op, w);
+    return;
   }
   op->nslices = (op->bytes + stage_bytes_ - 1) / stage_bytes_;
   stage_queue_.push_back(op);
@@ -839,43 +924,127 @@ void P2p::check_pending(std::unique_lock<std::mutex>& lock) {
   }
   for (auto& op : stage_queue_) ops.push_back(op);
   if (ops.empty()) return;
+  const auto now = Clock::now();
+  // Sends given up on while their receiver read them wait for its verdict;
+  // not past its death or a further SHMRING_TIMEOUT.
+  for (auto& op : ops)
+    if (op->failing && !op->done && (now >= op->deadline || !c_.seg->rank_alive(op->peer)))
+      finish(op, op->failing);
   if (auto a = read_abort(c_.seg->header())) {
     for (auto& op : ops)
-      finish(op, std::make_exception_ptr(
-                     AbortedError(fmt::format("rank {}: {} ended: the job was aborted: {}", c_.rank,
-                                              describe(*op), a->reason))));
+      if (!op->done && !op->failing) end_early(op, job_error(*op, *a, false), kP2pWithdrawnFailed);
+    c_.p2p_failed.store(true, std::memory_order_relaxed);
     drop_finished();
     return;
   }
-  const auto now = Clock::now();
+  // Staged messages whose sender withdrew: their slices will not come.
+  for (auto& op : stage_queue_)
+    if (!op->done)
+      if (const std::uint64_t w =
+              channel(op->peer, c_.rank).send.withdrawn.load(std::memory_order_acquire))
+        refuse(op->peer, op, w);
   bool any_dead = false;
   for (auto& op : ops)
     if (!c_.seg->rank_alive(op->peer)) any_dead = true;
   if (any_dead) progress(lock);  // a peer may have published its last words and left
+  std::exception_ptr first;      // this rank's own finding: it breaks the communicator
   for (auto& op : ops) {
-    if (op->done) continue;
+    if (op->done || op->failing) continue;
+    std::exception_ptr error;
     if (!c_.seg->rank_alive(op->peer)) {
       const bool clean =
           c_.area(op->peer).info.state.load(std::memory_order_acquire) == kRankFinalized;
-      finish(op, std::make_exception_ptr(PeerFailureError(fmt::format(
-                     "rank {}: rank {} (pid {}) {} while rank {} waited in {}", c_.rank, op->peer,
-                     c_.area(op->peer).info.pid.load(),
-                     clean ? "destroyed its communicator" : "died", c_.rank, describe(*op)))));
+      error = std::make_exception_ptr(PeerFailureError(
+          fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited in {}", c_.rank, op->peer,
+                      c_.area(op->peer).info.pid.load(),
+                      clean ? "destroyed its communicator" : "died", c_.rank, describe(*op))));
     } else if (now >= op->deadline) {
-      finish(op, std::make_exception_ptr(TimeoutError(fmt::format(
-                     "rank {}: timed out after {} s in {}: rank {} {} (SHMRING_TIMEOUT sets the "
-                     "limit)",
-                     c_.rank, c_.config.timeout_s, describe(*op), op->peer,
-                     op->is_send ? "did not take the message" : "sent no matching message"))));
+      error = std::make_exception_ptr(TimeoutError(
+          fmt::format("rank {}: timed out after {} s in {}: rank {} {} (SHMRING_TIMEOUT sets the "
+                      "limit)",
+                      c_.rank, c_.config.timeout_s, describe(*op), op->peer,
+                      op->is_send ? "did not take the message" : "sent no matching message")));
+    } else {
+      continue;
     }
+    if (!first) first = error;
+    end_early(op, error, kP2pWithdrawnFailed);
   }
+  if (first) break_job(first);
   drop_finished();
+}
+
+// ---------------------------------------------------------------------------
+// Ending early (the header comment's "Ending early").
+
+void P2p::end_early(const OpPtr& op, std::exception_ptr error, std::uint64_t code) {
+  if (op->done || op->failing) return;
+  // A posted send without its verdict (buffered ones are done): its
+  // receiver must not read it from now on.
+  if (op->is_send && op->msg != kNoMsg && withdraw(op->peer, code) == op->msg + 1) {
+    op->failing = error;
+    op->deadline = c_.deadline();
+    return;
+  }
+  finish(op, error);
+}
+
+std::uint64_t P2p::withdraw(int peer, std::uint64_t code) {
+  PeerState& ps = peers_[static_cast<std::size_t>(peer)];
+  P2pChannel& ch = channel(c_.rank, peer);
+  if (!ps.withdrawn) {
+    ps.withdrawn = true;
+    ch.send.withdrawn.store(code, std::memory_order_seq_cst);
+    ring(peer);  // a staged recv of ours there fails now, not at its deadline
+  }
+  return ch.recv.taking.load(std::memory_order_seq_cst);
+}
+
+void P2p::refuse(int peer, const OpPtr& op, std::uint64_t code) {
+  std::exception_ptr error;
+  if (auto a = code == kP2pWithdrawnFailed ? read_abort(c_.seg->header()) : std::nullopt) {
+    error = job_error(*op, *a, false);
+  } else {
+    error = std::make_exception_ptr(PeerFailureError(fmt::format(
+        "rank {}: {} failed: rank {} gave up on message #{} before it was read ({})", c_.rank,
+        describe(*op), peer, op->hdr.msg,
+        code == kP2pWithdrawnDestroyed ? "it destroyed its communicator while the send was pending"
+                                       : "its send failed")));
+  }
+  queue_verdict(peer, op, kP2pVerdictRefused, true, error);
+}
+
+std::exception_ptr P2p::job_error(const Op& op, const AbortInfo& a, bool later) const {
+  const std::string what =
+      fmt::format("rank {}: {}: communicator is unusable after an earlier error: {}", c_.rank,
+                  describe(op), a.reason);
+  try {
+    throw_error(later ? ErrorCode::aborted : static_cast<ErrorCode>(a.code), what);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+void P2p::break_job(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    raise_abort(*c_.seg, c_.size, static_cast<std::uint32_t>(e.code()), c_.rank, e.what());
+  } catch (...) {
+  }
+  c_.p2p_failed.store(true, std::memory_order_relaxed);
+  for (int p = 0; p < c_.size; ++p)  // their send/recv waits see it now
+    if (p != c_.rank) ring(p);
+}
+
+bool P2p::broken() const {
+  return c_.seg->header().abort_code.load(std::memory_order_relaxed) != kAbortNone;
 }
 
 void P2p::drop_finished() {
   // Failed operations leave the queues. A failed send that was posted keeps
-  // its message number (the receiver may still match it: then its verdict
-  // lands in an entry nobody reads, and the entry is not reused).
+  // its message number and its entry in `outstanding`, but it was withdrawn
+  // (end_early): its receiver refuses it when it matches it.
   for (auto& ps : peers_) {
     std::erase_if(ps.unposted, [](const OpPtr& o) { return o->done; });
     std::erase_if(ps.recvs, [](const OpPtr& o) { return o->done; });
@@ -1014,7 +1183,7 @@ void P2p::loop() {
 
 bool P2p::send_eager(const void* buf, std::uint64_t count, DataType dtype, int peer, int tag) {
   const std::uint64_t bytes = count * datatype_size(dtype);
-  if (bytes > kP2pEagerBytes) return false;
+  if (bytes > kP2pEagerBytes || broken()) return false;
   std::lock_guard lock(mutex_);
   PeerState& ps = peers_[static_cast<std::size_t>(peer)];
   P2pChannel& ch = channel(c_.rank, peer);
@@ -1050,7 +1219,7 @@ bool P2p::send_eager(const void* buf, std::uint64_t count, DataType dtype, int p
 
 bool P2p::recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, int tag) {
   const std::uint64_t bytes = count * datatype_size(dtype);
-  if (bytes > kP2pEagerBytes) return false;
+  if (bytes > kP2pEagerBytes || broken()) return false;
   P2pChannel& ch = channel(peer, c_.rank);
   // The next message's entry, found without the lock: headers_read mirrors
   // ps.scanned (only we write it, under the lock, after every scan), so a

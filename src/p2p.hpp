@@ -91,6 +91,27 @@ class P2p {
   bool flush_verdicts(int peer, PeerState& ps);
   /// Abort, liveness and deadline checks of the pending operations (slow path).
   void check_pending(std::unique_lock<std::mutex>& lock);
+  /// Ends `op` early with `error` (p2p.cpp, "Ending early"). A posted send
+  /// still waiting for its verdict is withdrawn first (`code`, a
+  /// kP2pWithdrawn* value); if its receiver is reading it at that moment,
+  /// it completes with `error` at its verdict instead, so that the caller
+  /// never gets its buffer back while the peer reads it.
+  void end_early(const OpPtr& op, std::exception_ptr error, std::uint64_t code);
+  /// Tells `peer` that we gave up on our unfinished sends to it (once);
+  /// returns the message it is reading from our memory (+1; 0: none).
+  std::uint64_t withdraw(int peer, std::uint64_t code);
+  /// The recv `op` matched a message of a sender that withdrew (`code`):
+  /// it fails, and the sender hears of it by a refused verdict.
+  void refuse(int peer, const OpPtr& op, std::uint64_t code);
+  /// The error of `op` ended by the job's recorded error `a`: its class,
+  /// this rank and `op` in the words. `later`: `op` is a new call of a rank
+  /// that has thrown an error already (AbortedError then, as collectives).
+  std::exception_ptr job_error(const Op& op, const AbortInfo& a, bool later) const;
+  /// Records `error` as the job's error (first one wins): every rank's
+  /// communicator refuses further calls.
+  void break_job(std::exception_ptr error);
+  /// The job's abort word is set (one relaxed load: the fast paths' check).
+  bool broken() const;
   void drop_finished();
   /// Marks `op` done; its request is completed by deliver().
   void finish(const OpPtr& op, std::exception_ptr error);

@@ -681,6 +681,245 @@ TEST_CASE("a recv with no sender times out within SHMRING_TIMEOUT") {
   CHECK(test::all_zero(st));
 }
 
+// ---------------------------------------------------------------------------
+// Ending early. A send or recv that ends in an error, or whose Request is
+// dropped, must leave nothing a later call can match, read or wait on: a
+// send that failed is never delivered (above all not from its buffer reused
+// after the failure), and a failure that leaves the pair out of step breaks
+// the communicator on every rank (p2p.cpp, "Ending early").
+
+namespace {
+
+constexpr std::size_t kBig = 1 << 18;  // 1 MiB of float32: single copy, or staged in 32 slices
+
+// What the receiver of a message whose send ended early must see: an error
+// (not a return), and never the bytes the sender wrote over its buffer
+// afterwards (7.0).
+void recv_must_fail(Communicator& comm, int from, int tag, const char* how) {
+  std::vector<float> in(kBig, -1.0f);
+  std::string what;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool threw =
+      throws_as<Error>([&] { comm.recv(in.data(), kBig, DataType::float32, from, tag); }, &what);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::size_t sevens = 0;
+  for (float v : in) sevens += v == 7.0f;
+  SHMRING_CHILD_CHECK(threw, "%s: the recv returned (%zu of %zu elements are the reused 7.0)", how,
+                      sevens, kBig);
+  SHMRING_CHILD_CHECK(sevens == 0, "%s: %zu elements of the reused send buffer (7.0) arrived", how,
+                      sevens);
+  SHMRING_CHILD_CHECK(s < 10, "%s: the recv took %.1f s to fail", how, s);
+  std::printf("rank %d (%s): recv failed after %.2f s: %s\n", comm.rank(), how, s, what.c_str());
+}
+
+// Runs `body` for single copy on and off (SHMRING_CMA=0).
+template <class F>
+void with_and_without_single_copy(F&& body) {
+  for (const char* cma : {"", "0"}) {
+    if (*cma)
+      setenv("SHMRING_CMA", cma, 1);
+    else
+      unsetenv("SHMRING_CMA");
+    unsetenv("SHMRING_CMA_MIN_BYTES");
+    const std::string setting = *cma ? "SHMRING_CMA=0" : "SHMRING_CMA unset";
+    CAPTURE(setting);
+    body(*cma ? "single copy off" : "single copy on");
+  }
+  unsetenv("SHMRING_CMA");
+}
+
+}  // namespace
+
+TEST_CASE("a send that timed out is never delivered: the receiver fails, not with reused bytes") {
+  // Rank 0's send of 1 MiB times out (rank 1 is late), rank 0 writes 7.0
+  // over the buffer and stays alive; rank 1's recv must fail, naming rank
+  // 0's failed send, and both communicators refuse further calls.
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 2;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          if (comm.rank() == 0) {
+            std::vector<float> buf(kBig, 42.0f);
+            std::string what;
+            const auto t0 = std::chrono::steady_clock::now();
+            SHMRING_CHILD_CHECK(
+                throws_as<TimeoutError>(
+                    [&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }, &what),
+                "%s: the send did not time out", how);
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            SHMRING_CHILD_CHECK(s < 10, "%s: the send took %.1f s to time out", how, s);
+            std::fill(buf.begin(), buf.end(), 7.0f);  // the buffer is the caller's again
+            std::this_thread::sleep_for(std::chrono::seconds(3));  // alive while rank 1 recvs
+            std::string again;
+            SHMRING_CHILD_CHECK(
+                throws_as<AbortedError>([&] { comm.send(buf.data(), 1, DataType::float32, 1, 1); },
+                                        &again) &&
+                    again.find("unusable") != std::string::npos,
+                "%s: a send after the failure: %s", how, again.c_str());
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+            recv_must_fail(comm, 0, 9, how);
+            float x = 0;
+            SHMRING_CHILD_CHECK(
+                throws_as<Error>([&] { comm.recv(&x, 1, DataType::float32, 0, 1); }),
+                "%s: a recv after the failure succeeded", how);
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("the receiver's error names the sender's failed send") {
+  // As above, checking the words: the receiver learns that rank 0 gave up
+  // on the message (its send timed out), not that nothing was sent.
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 1;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          std::vector<float> buf(kBig, 42.0f);
+          std::string what;
+          if (comm.rank() == 0) {
+            SHMRING_CHILD_CHECK(throws_as<TimeoutError>(
+                                    [&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }),
+                                "%s: no timeout", how);
+            std::fill(buf.begin(), buf.end(), 7.0f);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            SHMRING_CHILD_CHECK(
+                throws_as<Error>([&] { comm.recv(buf.data(), kBig, DataType::float32, 0, 9); },
+                                 &what),
+                "%s: the recv returned", how);
+            SHMRING_CHILD_CHECK(
+                what.find("rank 0") != std::string::npos &&
+                    what.find("send(count=262144, float32) to rank 1, tag 9") != std::string::npos,
+                "%s: the error does not name rank 0's send: %s", how, what.c_str());
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("a dropped pending isend Request leaves nothing the receiver can take") {
+  // ~Request waits for the send (bounded by SHMRING_TIMEOUT); it fails, the
+  // caller reuses the buffer: the late recv fails.
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 1;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          if (comm.rank() == 0) {
+            std::vector<float> buf(kBig, 42.0f);
+            const auto t0 = std::chrono::steady_clock::now();
+            { Request dropped = comm.isend(buf.data(), kBig, DataType::float32, 1, 9); }
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            SHMRING_CHILD_CHECK(s < 10, "%s: dropping the request took %.1f s", how, s);
+            std::fill(buf.begin(), buf.end(), 7.0f);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            recv_must_fail(comm, 0, 9, how);
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("an isend pending when the job is aborted is never delivered") {
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 5;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          if (comm.rank() == 0) {
+            std::vector<float> buf(kBig, 42.0f);
+            Request s = comm.isend(buf.data(), kBig, DataType::float32, 1, 9);
+            comm.abort("giving up");
+            SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { s.wait(); }),
+                                "%s: the isend survived the abort", how);
+            std::fill(buf.begin(), buf.end(), 7.0f);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            recv_must_fail(comm, 0, 9, how);
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("an isend pending when its communicator is destroyed is never delivered") {
+  // Rank 0 destroys its communicator with the isend pending (it fails with
+  // AbortedError), reuses the buffer and stays alive.
+  with_and_without_single_copy([](const char* how) {
+    const std::string job = test::unique_job_id("destroyed");
+    auto st = test::run_processes(2, [&](int r) {
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.job_id = job;
+      o.timeout_s = 5;
+      std::vector<float> buf(kBig, 42.0f);
+      if (r == 0) {
+        Request s;
+        {
+          Communicator comm(o);
+          s = comm.isend(buf.data(), kBig, DataType::float32, 1, 9);
+        }
+        std::string what;
+        SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { s.wait(); }, &what) &&
+                                what.find("destroyed") != std::string::npos,
+                            "%s: the isend outlived its communicator: %s", how, what.c_str());
+        std::fill(buf.begin(), buf.end(), 7.0f);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      } else {
+        Communicator comm(o);
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        recv_must_fail(comm, 0, 9, how);
+      }
+    });
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("a sender that dies with an isend pending: the recv is PeerFailureError") {
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 20;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          if (comm.rank() == 0) {
+            std::vector<float> buf(kBig, 42.0f);
+            Request s = comm.isend(buf.data(), kBig, DataType::float32, 1, 9);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            kill(getpid(), SIGKILL);
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(800));
+          std::vector<float> in(kBig, -1.0f);
+          SHMRING_CHILD_CHECK(throws_as<PeerFailureError>(
+                                  [&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); }),
+                              "%s: no PeerFailureError", how);
+          _exit(0);  // rank 0 is gone: skip the teardown
+        },
+        60, o);
+    CHECK(st[0] == 128 + SIGKILL);
+    CHECK(st[1] == 0);
+  });
+}
+
 TEST_CASE("two threads of each rank send and receive on one communicator at once") {
   CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank(), p = 1 - r;

@@ -4,7 +4,10 @@ Started by test_p2p.py, one process per rank; exits 0 when every check held
 (a failed check raises: non-zero exit, reason on stderr).
 """
 
+import gc
 import sys
+import time
+import warnings
 
 import numpy as np
 
@@ -98,6 +101,65 @@ def scenario_errors(comm):
     got = comm.recv(np.zeros(10, np.int64), peer, 5)
     r.wait()
     check(np.array_equal(got, message(peer, rank, 5, 10)), "after errors")
+
+
+BIG = 1 << 18  # 1 MiB of float32: single copy, or staged (SHMRING_CMA=0)
+
+
+def recv_must_fail(comm, src, tag):
+    """The recv of a message whose send ended early raises (within 10 s,
+    whatever SHMRING_TIMEOUT) and never delivers the sender's reused bytes."""
+    buf = np.full(BIG, -1.0, np.float32)
+    t0 = time.monotonic()
+    try:
+        comm.recv(buf, src, tag)
+        raise AssertionError(
+            f"the recv returned ({int((buf == 7.0).sum())} elements are the reused 7.0)")
+    except shmring.Error as e:
+        print(f"rank {comm.rank}: recv failed after {time.monotonic() - t0:.2f} s: {e}")
+    check(not (buf == 7.0).any(), "bytes of the reused send buffer arrived")
+    check(time.monotonic() - t0 < 10, "the recv took 10 s or more to fail")
+
+
+def scenario_failed_send(comm):
+    """A send that timed out (SHMRING_TIMEOUT=1, the receiver comes late):
+    the caller reuses its buffer; the late recv raises, naming the send."""
+    if comm.rank == 0:
+        buf = np.full(BIG, 42.0, np.float32)
+        try:
+            comm.send(buf, 1, 9)
+            raise AssertionError("the send did not time out")
+        except shmring.TimeoutError:
+            pass
+        buf[:] = 7.0
+        time.sleep(2.5)
+        try:
+            comm.send(buf[:1], 1, 1)
+            raise AssertionError("a send after the failure succeeded")
+        except shmring.AbortedError as e:
+            check("unusable" in str(e), str(e))
+    else:
+        time.sleep(1.8)
+        recv_must_fail(comm, 0, 9)
+
+
+def scenario_dropped_request(comm):
+    """A pending isend Request garbage-collected: dropping it waits for it
+    (it fails at SHMRING_TIMEOUT), the buffer is reused, the recv raises."""
+    if comm.rank == 0:
+        buf = np.full(BIG, 42.0, np.float32)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            req = comm.send(buf, 1, 9, async_op=True)
+            del req
+            gc.collect()
+        check(any("dropped before wait()" in str(w.message) for w in seen),
+              f"no warning for the failed dropped request: {[str(w.message) for w in seen]}")
+        buf[:] = 7.0
+        time.sleep(2.5)
+    else:
+        time.sleep(1.8)
+        recv_must_fail(comm, 0, 9)
 
 
 def main():

@@ -21,3 +21,15 @@ def test_ring_staged_only():
 
 def test_argument_errors_and_mismatch_on_both_ranks():
     assert_all_ok(run_worker("errors", 2))
+
+
+@pytest.mark.parametrize("cma", ["auto", "0"])
+@pytest.mark.parametrize("scenario", ["failed_send", "dropped_request"])
+def test_send_ended_early_is_never_delivered(scenario, cma):
+    """A send that timed out, or whose Request was dropped, is not delivered
+    later (not from its reused buffer): the late recv raises. Single copy on
+    and off."""
+    env = {"SHMRING_TIMEOUT": "1"}
+    if cma == "0":
+        env["SHMRING_CMA"] = "0"
+    assert_all_ok(run_worker(scenario, 2, env=env))

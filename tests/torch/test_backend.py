@@ -44,6 +44,20 @@ def test_timeouts(tmp):
     assert_all_ok(results)
 
 
+@pytest.mark.parametrize("cma", ["auto", "0"])
+def test_dropped_isend_that_failed_is_never_delivered(tmp, cma):
+    """dist.isend's Work dropped while pending; the send times out and its
+    tensor is reused: the late dist.recv raises, naming rank 0's send, and
+    both ranks refuse later operations. Single copy on and off."""
+    env = {"SHMRING_TIMEOUT": "1"}
+    if cma == "0":
+        env["SHMRING_CMA"] = "0"
+    results = run_job("p2p_ended_early", 2, tmp, env=env)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "p2p_ended_early ok" in out
+
+
 def test_peer_death_is_an_error_on_the_survivors(tmp):
     """Rank 1 is SIGKILLed: ranks 0 and 2 get RuntimeError naming it within
     seconds, and the group refuses later operations."""

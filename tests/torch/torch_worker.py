@@ -10,6 +10,7 @@ only when every check passed.
 """
 
 import datetime
+import gc
 import os
 import signal
 import sys
@@ -357,6 +358,32 @@ def scenario_timeouts(rank, size):
         print("rank 1 refused:", msg, flush=True)
     expect_error(lambda: dist.all_reduce(torch.ones(3)))
     print("timeouts ok", flush=True)
+
+
+def scenario_p2p_ended_early(rank, size):
+    """A dist.isend whose Work is dropped while pending (SHMRING_TIMEOUT=1):
+    the send times out on the progress thread, rank 0 then reuses the tensor
+    (7.0) and stays alive; rank 1's late recv raises instead of returning
+    the reused values, and the group refuses later operations."""
+    n = 1 << 18  # 1 MiB of float32: single copy, or staged (SHMRING_CMA=0)
+    if rank == 0:
+        t = torch.full((n,), 42.0)
+        w = dist.isend(t, 1, tag=9)
+        del w
+        gc.collect()
+        time.sleep(1.5)  # past SHMRING_TIMEOUT: the send has failed
+        t.fill_(7.0)
+        time.sleep(2.5)  # alive while rank 1 receives
+    else:
+        time.sleep(2.5)
+        t = torch.full((n,), -1.0)
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.recv(t, 0, tag=9), "rank 0", "send(")
+        check(not bool((t == 7.0).any()), "the reused tensor's 7.0 arrived")
+        check(time.monotonic() - t0 < 10, "the recv took 10 s or more to fail")
+        print("rank 1 refused:", msg, flush=True)
+    expect_error(lambda: dist.send(torch.ones(3), 1 - rank, tag=1), "unusable")
+    print("p2p_ended_early ok", flush=True)
 
 
 def scenario_peer_death(rank, size):
