@@ -77,10 +77,39 @@ std::uint64_t file_size(int fd) {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
+std::string mib(std::uint64_t bytes) {
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
 std::string shm_dir_free() {
   struct statvfs vfs {};
   if (statvfs("/dev/shm", &vfs) != 0) return "unknown";
-  return fmt::format("{} bytes", static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize);
+  const auto free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  return fmt::format("{} bytes ({})", free, mib(free));
+}
+
+// Why a segment of `l` does not fit /dev/shm: each part's size and what
+// sets it. It travels to the other ranks in the header's abort reason
+// (kReasonBytes), so it stays short of that even with a long name.
+std::string shm_full_reason(const SegmentRequest& req, const Layout& l, int err) {
+  const std::uint64_t n = req.world_size;
+  const std::uint64_t slots = n * req.slots * req.slot_bytes;
+  const std::uint64_t direct = n * kDirectBuffers * req.direct_bytes;
+  const std::uint64_t p2p = p2p_region_bytes(n);
+  const std::uint64_t eager = l.total_bytes - l.eager_offset;
+  const std::uint64_t rest = l.total_bytes - slots - direct - p2p - eager;
+  return fmt::format(
+      "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({}) and /dev/shm has "
+      "{} free ({}). Parts: ring slots {} ({} ranks x {} x {} bytes; SHMRING_SLOTS, "
+      "SHMRING_SLOT_BYTES), direct buffers {} ({} x {} x {} bytes; SHMRING_DIRECT_BYTES), "
+      "point-to-point queues {} ({} KiB x ranks^2 + {} KiB x ranks; no setting), eager rings, "
+      "header and rank areas {} (fixed). Lower those settings or run fewer ranks, or give "
+      "/dev/shm more: docker run --shm-size=<size>; Kubernetes: an emptyDir volume with medium: "
+      "Memory (and a sizeLimit) mounted at /dev/shm",
+      req.name, l.total_bytes, mib(l.total_bytes), shm_dir_free(), std::strerror(err), mib(slots),
+      n, req.slots, req.slot_bytes, mib(direct), n, kDirectBuffers, req.direct_bytes, mib(p2p),
+      sizeof(P2pChannel) / 1024, (kP2pStageSlots * kP2pStageBytes + kP2pOutboxBytes) / 1024,
+      mib(eager + rest));
 }
 
 void sleep_backoff(int& iteration) {
@@ -583,14 +612,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (header_reserved)
       err = posix_fallocate(seg->fd_, 0, static_cast<off_t>(layout->total_bytes));
     if (err != 0) {
-      std::string reason = fmt::format(
-          "rank 0: cannot reserve shared memory segment '{}': it needs {} bytes ({} ranks x ({} "
-          "slots x {} bytes + 2 x {} direct bytes) + {} bytes of header and rank areas + {} "
-          "bytes of point-to-point queues) and /dev/shm has {} "
-          "free ({}); lower SHMRING_SLOTS or SHMRING_SLOT_BYTES, or enlarge /dev/shm",
-          req.name, layout->total_bytes, req.world_size, req.slots, req.slot_bytes,
-          req.direct_bytes, layout->slot_offset, p2p_region_bytes(req.world_size), shm_dir_free(),
-          std::strerror(err));
+      const std::string reason = shm_full_reason(req, *layout, err);
       // Tell the other ranks through a header-only segment, then remove it.
       if (req.world_size > 1 && header_reserved && file_size(seg->fd_) >= kHeaderBytes) {
         (void)!ftruncate(seg->fd_, static_cast<off_t>(kHeaderBytes));

@@ -108,6 +108,7 @@ struct Worker {
 struct Stream {
   int rank;
   Fd fd;
+  OutputSink* sink;  // where its lines go (the launcher's stdout or stderr)
   LineTagger tagger;
 };
 
@@ -177,6 +178,9 @@ class Job {
         std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
   }
   void kill_and_reap_all();
+  void reserve_standard_fds();
+  void on_output_error();
+  int report_lost_output();
 
   enum class End { none, failure, signal, timeout };
 
@@ -200,7 +204,65 @@ class Job {
   Clock::time_point term_at_ = kNever;
   Clock::time_point deadline_ = kNever;
   int spawn_exit_ = kExitLaunchFailed;
+  // --tag-output: the launcher relays every line, so output it could not
+  // write is lost on its watch (a plain run's workers write themselves).
+  OutputSink out_sink_{STDOUT_FILENO}, err_sink_{STDERR_FILENO};
+  bool epipe_handled_[2] = {false, false};
 };
+
+void Job::reserve_standard_fds() {
+  // A launcher started with stdout or stderr closed (`2>&-`) would get that
+  // number back from pipe2() and relay rank output into a worker's pipe.
+  // /dev/null opened read-only holds the number and keeps writes failing
+  // (EBADF) as on a closed descriptor, for the relay and the workers alike.
+  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int got = ::open("/dev/null", O_RDONLY);
+    if (got >= 0 && got != fd) {
+      ::dup2(got, fd);
+      ::close(got);
+    }
+  }
+}
+
+void Job::on_output_error() {
+  // The reader of our stdout (or stderr) is gone, as for `| head -n 1`. In
+  // a plain run the workers write into that pipe themselves and die of
+  // SIGPIPE at their next write, which ends the job; here they would run
+  // on with every line dropped (forever, for a worker that never stops
+  // writing). Close our read ends of their streams to that output: their
+  // next write there meets the same SIGPIPE. Other errors (ENOSPC, EBADF)
+  // do not end the job; the loss is reported when it ends.
+  OutputSink* sinks[2] = {&out_sink_, &err_sink_};
+  for (int i = 0; i < 2; ++i) {
+    if (sinks[i]->error != EPIPE || epipe_handled_[i]) continue;
+    epipe_handled_[i] = true;
+    for (auto& s : streams_)
+      if (s.sink == sinks[i] && s.fd.get() >= 0) {
+        s.tagger.finish();
+        s.fd.reset();
+      }
+  }
+}
+
+int Job::report_lost_output() {
+  // As a plain run reports a worker killed by SIGPIPE: 128 + SIGPIPE when a
+  // reader went away, 1 for any other failed write (as cat(1) on ENOSPC).
+  int code = 0;
+  for (const OutputSink* sink : {&out_sink_, &err_sink_}) {
+    if (sink->error == 0) continue;
+    std::fprintf(stderr,
+                 "shmrun: --tag-output: writing the ranks' output to %s failed (%s); %zu bytes of "
+                 "it were lost\n",
+                 sink->fd == STDOUT_FILENO ? "stdout" : "stderr", std::strerror(sink->error),
+                 sink->lost);
+    if (sink->error == EPIPE)
+      code = 128 + SIGPIPE;
+    else if (code == 0)
+      code = 1;
+  }
+  return code;
+}
 
 bool Job::setup_signals() {
   // Orphaned descendants of the workers are reparented to us, so they can be
@@ -339,8 +401,8 @@ bool Job::spawn() {
     if (out) {
       ::fcntl(out->read.get(), F_SETFL, O_NONBLOCK);
       ::fcntl(err->read.get(), F_SETFL, O_NONBLOCK);
-      streams_.push_back({r, std::move(out->read), LineTagger(r, STDOUT_FILENO)});
-      streams_.push_back({r, std::move(err->read), LineTagger(r, STDERR_FILENO)});
+      streams_.push_back({r, std::move(out->read), &out_sink_, LineTagger(r, out_sink_)});
+      streams_.push_back({r, std::move(err->read), &err_sink_, LineTagger(r, err_sink_)});
     }
     if (spec_.report_bindings) {
       if (w.cpus.empty())
@@ -499,6 +561,10 @@ void Job::supervise() {
         if (got > 0) {
           s.tagger.feed(buf.data(), static_cast<std::size_t>(got));
           if (alive == 0) drain_until = Clock::now() + std::chrono::seconds(1);
+          if (s.sink->error == EPIPE) {
+            on_output_error();  // closes s.fd among others
+            break;
+          }
           continue;
         }
         if (got == 0 || (errno != EAGAIN && errno != EINTR)) {
@@ -530,6 +596,7 @@ void Job::kill_and_reap_all() {
 }
 
 int Job::run() {
+  reserve_standard_fds();
   if (!setup_signals()) {
     std::perror("shmrun: cannot set up signal handling");
     return kExitLaunchFailed;
@@ -545,10 +612,14 @@ int Job::run() {
 
   switch (end_) {
     case End::none:
-      return 0;
+      return report_lost_output();
     case End::timeout:
+      (void)report_lost_output();
       return kExitTimeout;
     case End::failure: {
+      // Workers killed by SIGPIPE after our reader left (on_output_error)
+      // land here with 141, as in a plain run.
+      (void)report_lost_output();
       const Worker& w = workers_[first_rank_];
       std::fprintf(stderr, "shmrun: rank %d (pid %d) %s; job terminated\n", first_rank_, w.pid,
                    status_text(w.status).c_str());

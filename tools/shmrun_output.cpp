@@ -10,7 +10,7 @@
 
 namespace shmring::launcher {
 
-void write_all(int fd, const char* data, std::size_t n) {
+int write_all(int fd, const char* data, std::size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, data, n);
     if (w > 0) {
@@ -23,15 +23,16 @@ void write_all(int fd, const char* data, std::size_t n) {
       pollfd p{fd, POLLOUT, 0};
       ::poll(&p, 1, 100);
     } else {
-      return;  // EPIPE, EBADF, ...: nowhere to write
+      return w < 0 ? errno : EIO;  // EPIPE, EBADF, ENOSPC, ...: nowhere to write
     }
   }
+  return 0;
 }
 
 // fmt, not "[" + std::to_string(rank) + "] ": GCC 12 at -O2 reports a
 // false -Wrestrict inside libstdc++ for that operator+ chain.
-LineTagger::LineTagger(int rank, int out_fd)
-    : prefix_(fmt::format("[{}] ", rank)), out_fd_(out_fd) {}
+LineTagger::LineTagger(int rank, OutputSink& sink)
+    : prefix_(fmt::format("[{}] ", rank)), sink_(&sink) {}
 
 void LineTagger::emit(const char* begin, const char* end, std::string& out) const {
   out += prefix_;
@@ -73,7 +74,9 @@ void LineTagger::finish() {
 }
 
 void LineTagger::write_out(const std::string& out) {
-  if (!out.empty()) write_all(out_fd_, out.data(), out.size());
+  if (out.empty()) return;
+  if (sink_->error == 0) sink_->error = write_all(sink_->fd, out.data(), out.size());
+  if (sink_->error != 0) sink_->lost += out.size();
 }
 
 }  // namespace shmring::launcher

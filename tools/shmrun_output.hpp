@@ -11,6 +11,16 @@
 
 namespace shmring::launcher {
 
+/// One of the launcher's own output descriptors (stdout or stderr), shared
+/// by the taggers of every rank's stream to it. After a write to it fails,
+/// nothing more is written there: the output is lost, and the launcher
+/// reports it (shmrun_job.cpp) instead of exiting 0 as if it had arrived.
+struct OutputSink {
+  int fd = -1;
+  int error = 0;         ///< errno of the first failed write; 0 while none failed
+  std::size_t lost = 0;  ///< bytes dropped since (including the failed write's)
+};
+
 /// One worker stream (rank r's stdout or stderr) feeding one output fd.
 class LineTagger {
  public:
@@ -18,7 +28,7 @@ class LineTagger {
   /// anyway (with a newline added), so one runaway line cannot exhaust memory.
   static constexpr std::size_t kMaxLineBytes = 1 << 20;
 
-  LineTagger(int rank, int out_fd);
+  LineTagger(int rank, OutputSink& sink);
 
   /// Appends `n` bytes and writes out every complete line.
   void feed(const char* data, std::size_t n);
@@ -31,12 +41,14 @@ class LineTagger {
 
   std::string prefix_;
   std::string pending_;  // bytes after the last newline seen
-  int out_fd_;
+  OutputSink* sink_;
 };
 
-/// Writes all of `data` to `fd`, retrying on EINTR and short writes. A closed
-/// reader (EPIPE) drops the output silently: the job must still finish and
-/// clean up even if nobody reads its output any more.
-void write_all(int fd, const char* data, std::size_t n);
+/// Writes all of `data` to `fd`, retrying on EINTR and short writes. Returns
+/// 0, or the errno of a write that failed (EPIPE: the reader is gone, EBADF,
+/// ENOSPC, ...), having written only part; the caller reports the loss. The
+/// launcher ignores SIGPIPE so that it can still tear the job down and clean
+/// up when nobody reads its output any more.
+int write_all(int fd, const char* data, std::size_t n);
 
 }  // namespace shmring::launcher

@@ -173,9 +173,11 @@ class SHMRING_API Communicator {
 
   template <class T>
   void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    // reject_call: the peers' matching call fails at once, as for the
+    // pointer form's own checks.
     if (send.size() != recv.size())
-      throw InvalidArgumentError("allreduce: send has " + std::to_string(send.size()) +
-                                 " elements but recv has " + std::to_string(recv.size()));
+      reject_call("allreduce", "send has " + std::to_string(send.size()) +
+                                   " elements but recv has " + std::to_string(recv.size()));
     allreduce(send.data(), recv.data(), send.size(), datatype_of_v<std::remove_cv_t<T>>, op);
   }
   /// In place.
@@ -299,15 +301,16 @@ class SHMRING_API Communicator {
   template <class T>
   void allgather(std::span<const T> send, std::span<T> recv) {
     if (recv.size() != send.size() * static_cast<std::size_t>(size()))
-      throw InvalidArgumentError("allgather: recv has " + std::to_string(recv.size()) +
-                                 " elements, expected size() x " + std::to_string(send.size()));
+      reject_call("allgather", "recv has " + std::to_string(recv.size()) +
+                                   " elements, expected size() x " + std::to_string(send.size()));
     allgather(send.data(), recv.data(), send.size(), datatype_of_v<std::remove_cv_t<T>>);
   }
   template <class T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     if (send.size() != recv.size() * static_cast<std::size_t>(size()))
-      throw InvalidArgumentError("reduce_scatter: send has " + std::to_string(send.size()) +
-                                 " elements, expected size() x " + std::to_string(recv.size()));
+      reject_call("reduce_scatter", "send has " + std::to_string(send.size()) +
+                                        " elements, expected size() x " +
+                                        std::to_string(recv.size()));
     reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of_v<std::remove_cv_t<T>>, op);
   }
 

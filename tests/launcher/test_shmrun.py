@@ -235,6 +235,105 @@ def test_tag_output():
     check(not shm_entries(jid), "segments left in /dev/shm")
 
 
+def closed_pipe():
+    """The write end of a pipe whose reader is gone (a `| head` that has exited)."""
+    r, w = os.pipe()
+    os.close(r)
+    return w
+
+
+def output_lost_run(tag, stdout=None, stderr=None, worker_args=("lines", "3", "20"),
+                    preexec_fn=None):
+    """shmrun -n 2 (tagged or not) on launcher_worker with the given stdout and
+    stderr (files, descriptors); returns (exit status, stderr text if it went
+    to a file we can read, the job's id)."""
+    jid = job_id()
+    err_file = tempfile.TemporaryFile(mode="w+") if stderr is None else None
+    cmd = [SHMRUN, *(["--tag-output"] if tag else []), "--job-id", jid, "-n", "2", "--", WORKER,
+           *worker_args]
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL if stdout is None else stdout,
+                       stderr=err_file if stderr is None else stderr,
+                       timeout=30, env=clean_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"),
+                       preexec_fn=preexec_fn)
+    text = ""
+    if err_file is not None:
+        err_file.seek(0)
+        text = err_file.read()
+    check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}", text)
+    return p.returncode, text, jid
+
+
+def test_tag_output_head():
+    """`shmrun --tag-output -n 2 -- prog | head -n 1` with prog writing without
+    end: as the plain run, shmrun exits 141 (128 + SIGPIPE) within seconds,
+    the workers killed by SIGPIPE at their next write, nothing left behind."""
+    for tag in (False, True):
+        jid = job_id()
+        with tempfile.TemporaryFile(mode="w+") as err:
+            cmd = [SHMRUN, "--report-bindings", *(["--tag-output"] if tag else []), "--job-id",
+                   jid, "-n", "2", "--", WORKER, "lines", "100000000", "200"]
+            start = time.monotonic()
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err,
+                                 env=clean_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+            first = p.stdout.readline()
+            p.stdout.close()  # `head -n 1` exits
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                raise AssertionError(f"tag={tag}: shmrun still ran 20 s after its reader left")
+            elapsed = time.monotonic() - start
+            err.seek(0)
+            text = err.read()
+        check(re.match(rb"(\[\d\] )?\d out 0 ", first) if tag else first.endswith(b"\n"),
+              f"tag={tag}: first line {first[:60]!r}")
+        check(p.returncode == 128 + signal.SIGPIPE,
+              f"tag={tag}: exit status {p.returncode}, expected 141 (SIGPIPE) after "
+              f"{elapsed:.1f} s", text[-2000:])
+        assert_clean(jid, text, 2)
+
+
+def test_tag_output_reader_gone():
+    """Workers that write a few lines and exit 0 into a stdout or stderr whose
+    reader is already gone: a plain run's workers die of SIGPIPE (exit 141);
+    the relaying launcher reports the loss the same way, never 0."""
+    for stream in ("stdout", "stderr"):
+        for tag in (False, True):
+            fd = closed_pipe()
+            try:
+                code, text, _ = output_lost_run(tag, **{stream: fd})
+            finally:
+                os.close(fd)
+            check(code == 128 + signal.SIGPIPE,
+                  f"{stream} closed by its reader, tag={tag}: exit status {code}, expected 141",
+                  text[-2000:])
+            if tag and stream == "stdout":
+                check("--tag-output: writing the ranks' output to stdout failed (Broken pipe)"
+                      in text, "the loss must be said on stderr", text[-2000:])
+
+
+def test_tag_output_write_error():
+    """Relayed output that cannot be written for another reason (stdout on a
+    full disk, /dev/full; stdout closed, `>&-`): exit status 1 with the cause
+    on stderr (as cat(1)), not 0; the ranks' stderr still arrives tagged, and
+    a closed stdout's number never carries the relay into a worker's pipe."""
+    with open("/dev/full", "w") as full:
+        code, text, _ = output_lost_run(True, stdout=full)
+    check(code == 1, f"stdout on /dev/full: exit status {code}, expected 1", text[-2000:])
+    check("to stdout failed (No space left on device)" in text, "ENOSPC must be named",
+          text[-2000:])
+    code, text, _ = output_lost_run(True, preexec_fn=lambda: os.close(1))
+    check(code == 1, f"stdout closed: exit status {code}, expected 1", text[-2000:])
+    check("to stdout failed (Bad file descriptor)" in text, "EBADF must be named", text[-2000:])
+    tagged = [line for line in text.splitlines() if not line.startswith("shmrun: ")]
+    for rank in (0, 1):
+        want = [f"[{rank}] {rank} err {i} " for i in range(3)] + [f"[{rank}] {rank} err last"]
+        got = [line[:len(want[0])] if " last" not in line else line
+               for line in tagged if line.startswith(f"[{rank}]")]
+        check(got == want, f"stdout closed: rank {rank}'s stderr lines {got}", text[-2000:])
+
+
 def test_timeout():
     """A hanging job with --timeout 2: a clear message and exit status 124."""
     jid = job_id()

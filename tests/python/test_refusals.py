@@ -17,7 +17,10 @@ def test_refused_on_one_rank_fails_fast_everywhere(size):
     results = run_ranks("one_rank", size, env=ENV, worker="refusal_worker.py")
     assert_all_ok(results)
     for _, out in results:
-        assert "allreduce_dtype ok" in out and "async_dtype ok" in out
+        for name in ("allreduce_dtype", "async_dtype", "reduce_out_size", "alltoall_size",
+                     "alltoallv_counts", "gather_out_size", "scatter_send_size",
+                     "allgatherv_block_outside", "reduce_scatter_v_out", "async_type"):
+            assert f"{name} ok" in out, name
 
 
 def test_refusal_behind_pending_requests_keeps_call_order():
