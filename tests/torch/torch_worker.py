@@ -678,8 +678,17 @@ def scenario_reinit(rank, size, backend, init_method, rounds=6):
     new_group) still referenced (as a DDP model would) and an all_reduce of
     each still pending at destroy: every round works, the pending ones
     complete, and destroy releases each group's segment and threads at once;
-    the old groups then refuse operations."""
+    the old groups then refuse operations. First six bare rounds, nothing
+    between destroy and the next init: a rank that left destroy while rank 0
+    still served the old env:// store would reach it in its next rendezvous
+    and lose it (Connection reset by peer)."""
     gc.disable()
+    for i in range(rounds):
+        init(backend, init_method, rank, size)
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t)
+        check(torch.equal(t, torch.full((4,), size * (size + 1) / 2)), f"bare round {i}: {t}")
+        dist.destroy_process_group()
     kept = []
     members = list(range(size - 1, -1, -2))  # a subgroup: every other rank, from the last
     for i in range(rounds):
