@@ -57,15 +57,26 @@ otherwise.
 
 Supported: allreduce (SUM, PRODUCT, MIN, MAX, AVG), allreduce_coalesced,
 broadcast, allgather, _allgather_base, reduce_scatter, _reduce_scatter_base,
-reduce, barrier, on CPU tensors of float32, float64, float16, bfloat16, int8,
-uint8, int32, int64 (broadcast and allgather take any dtype). Other
-operations raise RuntimeError naming them.
+reduce, barrier, alltoall_base, alltoall, gather, scatter, send, recv, on CPU
+tensors of float32, float64, float16, bfloat16, int8, uint8, int32, int64
+(the operations that only move data move any dtype). Other operations raise
+RuntimeError naming them.
+
+destroy_process_group() calls shutdown(): the group's communicator, segment
+and threads go then, whatever still refers to the group.
 )doc")
       .def(py::init([](const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout) {
              return c10::make_intrusive<ProcessGroupShmring>(store, rank, size, timeout);
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &ProcessGroupShmring::shutdown, R"doc(
+Ends the group now: completes the collectives still pending, waits (at most
+10 s) until every rank of the group has called shutdown(), then releases the
+communicator, its shared-memory segment and its threads. Later operations
+raise RuntimeError. Idempotent. destroy_process_group() calls it.
+)doc",
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("job_id", &ProcessGroupShmring::job_id,
                              "The shmring job id of this group: 'torch-' and the nonce.");

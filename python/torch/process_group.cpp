@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <string>
 
 #include "convert.hpp"
 
@@ -327,6 +328,7 @@ class Refusal {
 void ProcessGroupShmring::refuse(const char* op) noexcept {
   try {
     std::lock_guard<std::mutex> lock(call_mutex_);
+    if (!comm_) return;  // shut down: no peer is waiting for this call
     comm_->reject_call(op, "refused by the torch backend (this rank's RuntimeError says why)");
   } catch (...) {
     // Published (reject_call always throws), or the group is already broken
@@ -337,16 +339,41 @@ void ProcessGroupShmring::refuse(const char* op) noexcept {
 ProcessGroupShmring::ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout)
     : BackendBase(rank, size),
-      comm_(std::make_unique<Communicator>(rendezvous(store, rank, size, timeout))) {}
+      comm_(std::make_unique<Communicator>(rendezvous(store, rank, size, timeout))),
+      job_id_(comm_->config().job_id) {}
 
 ProcessGroupShmring::~ProcessGroupShmring() {
+  release(false);
+}
+
+void ProcessGroupShmring::shutdown() {
+  release(true);
+}
+
+void ProcessGroupShmring::release(bool leave) {
   // Completing what is still queued, and dropping the last reference to a
   // Work's tensors, may need the GIL on a completion thread (Python future
   // callbacks; tensors with a Python object); Python may be dropping the
   // last reference to this group with the GIL held.
   std::optional<pybind11::gil_scoped_release> no_gil;
   if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
-  comm_.reset();        // completes or fails every request: their Works reach the completions
+  std::unique_ptr<Communicator> comm;
+  {
+    std::lock_guard<std::mutex> lock(call_mutex_);
+    if (comm_ && leave) {
+      // Queued behind the pending collectives: they complete first.
+      try {
+        Request left = comm_->ibarrier();
+        if (!left.wait_for(kLeaveWait))
+          comm_->abort("rank " + std::to_string(rank_) + " destroyed the process group after " +
+                       std::to_string(kLeaveWait.count()) + " s without its peers");
+      } catch (...) {
+        // A broken group: its peers know, and there is nothing to wait for.
+      }
+    }
+    comm.swap(comm_);
+  }
+  comm.reset();         // completes or fails every request: their Works reach the completions
   completions_.stop();  // completes those, then joins the threads
 }
 
@@ -359,6 +386,8 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::launch(::c10d::OpType type, const 
   work->prepare(std::move(keep_alive), std::move(epilogue));
   {
     std::lock_guard<std::mutex> lock(call_mutex_);
+    TORCH_CHECK(comm_, "shmring backend: ", title,
+                ": the process group was destroyed (destroy_process_group)");
     try {
       t_launched = true;
       work->set_request(start(*comm_));

@@ -20,6 +20,12 @@
 // itself (peer death, timeout, mismatch between ranks) complete the Work and its future with
 // shmring's error on every rank; the group then refuses every later operation with the first
 // error's reason.
+//
+// Lifetime: torch's calls, not Python's references, end a group.
+// destroy_process_group() calls shutdown() (python/shmring/torch.py), which
+// releases the communicator, its segment and every thread at once, however
+// many Python objects (a DDP model, a saved group handle) still refer to the
+// group; operations on it afterwards raise RuntimeError.
 
 #include <ATen/ATen.h>
 
@@ -50,10 +56,25 @@ class ProcessGroupShmring : public BackendBase {
   /// then stops the completion threads. Not collective.
   ~ProcessGroupShmring() override;
 
+  /// How long shutdown() waits for the group's other ranks.
+  static constexpr std::chrono::seconds kLeaveWait{10};
+
+  /// Ends the group now (destroy_process_group): completes (or, on a broken
+  /// group, fails) the collectives still pending, waits until every rank of
+  /// the group has called shutdown() (at most kLeaveWait; then it aborts the
+  /// group, so no peer waits for this rank again), releases the communicator
+  /// (segment, progress and reduction threads) and joins the completion
+  /// threads. Waiting for the peers means that no rank leaves
+  /// destroy_process_group() while another still holds what torch released
+  /// before this call (rank 0's TCPStore server, which the next
+  /// init_process_group's env:// rendezvous would otherwise reach and lose).
+  /// Later operations raise RuntimeError. Idempotent; the destructor does
+  /// the same without waiting for the peers.
+  void shutdown();
+
   const std::string getBackendName() const override { return "shmring"; }
   /// The shmring job id of this group ("torch-" and the nonce).
-  const std::string& job_id() const { return comm_->config().job_id; }
-  const Communicator& communicator() const { return *comm_; }
+  const std::string& job_id() const { return job_id_; }
 
   c10::intrusive_ptr<Work> broadcast(std::vector<at::Tensor>& tensors,
                                      const ::c10d::BroadcastOptions& opts) override;
@@ -111,10 +132,14 @@ class ProcessGroupShmring : public BackendBase {
   void refuse(const char* op) noexcept;
   friend class Refusal;
 
+  /// shutdown(), waiting for the peers first when `leave`.
+  void release(bool leave);
+
   // Declared before comm_: destroyed after it, so the completions the
   // communicator's destructor delivers still find their threads.
   Completions completions_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> comm_;  // null once shut down
+  std::string job_id_;
   std::mutex call_mutex_;  // one i-call at a time on comm_ (call order is the contract)
 };
 

@@ -34,6 +34,20 @@ def test_send_recv_and_batch_isend_irecv_ring(tmp):
         assert "p2p ok" in out
 
 
+def test_noncontiguous_tensors_blocking_and_through_futures(tmp):
+    """Every operation (all_reduce, all_reduce_coalesced, broadcast and reduce
+    from each root, all_gather, _all_gather_base, reduce_scatter,
+    _reduce_scatter_base, all_to_all_single, all_to_all, gather, scatter,
+    send/recv) on strided and transposed inputs and outputs: blocking, and
+    through the Work's future, whose then() callbacks see the result already
+    in the caller's tensors; only reduce's root changes; a DDP comm hook that
+    reduces a strided copy of the bucket trains as DDP without a hook."""
+    results = run_job("noncontig", 2, tmp)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "noncontig ok" in out
+
+
 def test_mismatch_is_an_error_on_every_rank(tmp):
     results = run_job("mismatch", 2, tmp)
     assert_all_ok(results)
@@ -118,6 +132,23 @@ def test_shmrun_ddp_example(tmp):
                        timeout=300)
     assert p.returncode == 0, p.stdout
     assert "RESULT ddp backend=shmring model=cnn ranks=2 steps=3" in p.stdout, p.stdout
+
+
+@pytest.mark.skipif("SHMRUN" not in os.environ, reason="SHMRUN (the built launcher) not set")
+def test_destroy_then_init_again_six_times_under_shmrun(tmp):
+    """4 ranks under shmrun (env://: rank 0 serves a new TCPStore on the same
+    port every round), six rounds of init_process_group, new_group,
+    all_reduce, destroy_process_group with the garbage collector off and the
+    old groups still referenced: every round works, and each destroy releases
+    the round's segments and threads at once (tests/torch/torch_worker.py,
+    scenario_reinit)."""
+    cmd = [os.environ["SHMRUN"], "-n", "4", "--", sys.executable, str(WORKER), "reinit", "0", "0",
+           "env", str(tmp)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout
+    assert p.stdout.count("reinit ok") == 4, p.stdout
+    assert shm_entries(job_ids([p.stdout])) == []
 
 
 def test_import_shmring_registers_only_when_torch_is_loaded():

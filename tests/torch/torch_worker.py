@@ -316,6 +316,239 @@ def scenario_p2p(rank, size):
     print("p2p ok", flush=True)
 
 
+def strided(n, fill=0.0, dtype=torch.float32):
+    """A fresh 1-D tensor of n elements with stride 2 (column 0 of an n x 2
+    tensor whose column 1 holds -7: the check that nothing outside the view
+    was written)."""
+    base = torch.full((n, 2), -7.0, dtype=dtype)
+    base[:, 0] = fill
+    return base[:, 0]
+
+
+def untouched(view):
+    """Column 1 of the strided() base behind `view` still holds -7 (any
+    other tensor: True)."""
+    if view.dim() != 1 or view.stride() != (2,):
+        return True
+    base = view.as_strided((view.numel(), 2), (2, 1))
+    return torch.equal(base[:, 1], torch.full((view.numel(),), -7.0, dtype=view.dtype))
+
+
+def check_layout_op(rank, size, what, op):
+    """`op(async_op)` issues one operation on fresh non-contiguous tensors and
+    returns (work, outputs, wants): the caller's tensors the result lands in
+    and their expected values (and, as a 4th item, what the future's value
+    holds when that is not `outputs`). Checked blocking, then through the Work's
+    future: a callback chained with then() must see the result already in the
+    caller's tensors (the future completes after the copy back), and the
+    future's value is those tensors. Each rank in turn issues late, so the
+    other rank's callback is chained before its operation completes."""
+    _, outs, wants, *_ = op(False)
+    for o, w in zip(outs, wants):
+        check(torch.equal(o, w), f"{what} (blocking): got {o.tolist()}, expected {w.tolist()}")
+        check(untouched(o), f"{what} (blocking) wrote outside the view")
+    for late in range(size):
+        if rank == late:
+            time.sleep(0.05)
+        work, outs, wants, *results = op(True)
+        results = results[0] if results else outs
+        # all_reduce_coalesced(async_op=True) gives the future itself.
+        fut = work.get_future() if hasattr(work, "get_future") else work
+        seen = fut.then(lambda f: [o.clone() for o in outs]).wait()
+        for s, o, w in zip(seen, outs, wants):
+            check(torch.equal(s, w), f"{what} (future, rank {late} late): a then() callback saw "
+                  f"{s.tolist()}, expected {w.tolist()}")
+            check(torch.equal(o, w), f"{what} (future, rank {late} late): got {o.tolist()}")
+            check(untouched(o), f"{what} (future) wrote outside the view")
+        value = fut.value()
+        check(len(value) == len(results) and all(v.data_ptr() == o.data_ptr()
+                                                  and v.stride() == o.stride()
+                                                  for v, o in zip(value, results)),
+              f"{what}: the future's value is not the caller's tensors")
+
+
+def scenario_noncontig(rank, size):
+    """Every operation on non-contiguous (strided, transposed) inputs and
+    outputs, blocking and through futures; values distinct per (rank,
+    index)."""
+    total = size * (size + 1) / 2
+
+    def all_reduce(async_op):
+        view = strided(8, rank + 1.0)
+        return dist.all_reduce(view, async_op=async_op), [view], [torch.full((8,), total)]
+
+    def all_reduce_coalesced(async_op):
+        a = strided(5, rank + 1.0)
+        b = (torch.arange(12.0).reshape(3, 4) + rank).t()
+        work = dist.all_reduce_coalesced([a, b], async_op=async_op)
+        want_b = sum((torch.arange(12.0).reshape(3, 4) + r).t() for r in range(size))
+        return work, [a, b], [torch.full((5,), total), want_b]
+
+    def broadcast(root):
+        def run(async_op):
+            t = (torch.arange(12.0).reshape(3, 4) + 100 * rank).t()
+            work = dist.broadcast(t, src=root, async_op=async_op)
+            return work, [t], [(torch.arange(12.0).reshape(3, 4) + 100 * root).t()]
+        return run
+
+    def reduce(root):
+        def run(async_op):
+            base = torch.arange(12.0).reshape(3, 4).t()
+            t = base + rank  # transposed: not contiguous
+            work = dist.reduce(t, dst=root, async_op=async_op)
+            # Only the root's tensor changes (to the sum); the others keep theirs.
+            want = sum(base + r for r in range(size)) if rank == root else base + rank
+            return work, [t], [want]
+        return run
+
+    def send_value(r, n):
+        return torch.arange(n, dtype=torch.float32) + 100 * r
+
+    def all_gather(async_op):
+        x = strided(4)
+        x.copy_(send_value(rank, 4))
+        outs = [strided(4) for _ in range(size)]
+        work = dist.all_gather(outs, x, async_op=async_op)
+        return work, outs, [send_value(r, 4) for r in range(size)]
+
+    def all_gather_base(async_op):
+        x = strided(3)
+        x.copy_(send_value(rank, 3))
+        out = strided(3 * size)
+        work = dist._all_gather_base(out, x, async_op=async_op)
+        return work, [out], [torch.cat([send_value(r, 3) for r in range(size)])]
+
+    def block(r, j, n):  # rank r's input block for rank j
+        return torch.arange(n, dtype=torch.float32) + 100 * r + 10 * j
+
+    def reduce_scatter(async_op):
+        ins = [strided(4) for _ in range(size)]
+        for j, t in enumerate(ins):
+            t.copy_(block(rank, j, 4))
+        out = strided(4)
+        work = dist.reduce_scatter(out, ins, async_op=async_op)
+        return work, [out], [sum(block(r, rank, 4) for r in range(size))]
+
+    def reduce_scatter_base(async_op):
+        x = strided(3 * size)
+        x.copy_(torch.cat([block(rank, j, 3) for j in range(size)]))
+        out = strided(3)
+        work = dist._reduce_scatter_base(out, x, async_op=async_op)
+        return work, [out], [sum(block(r, rank, 3) for r in range(size))]
+
+    def all_to_all_single(async_op):
+        x = strided(2 * size)
+        x.copy_(torch.cat([block(rank, j, 2) for j in range(size)]))
+        out = strided(2 * size)
+        work = dist.all_to_all_single(out, x, async_op=async_op)
+        return work, [out], [torch.cat([block(r, rank, 2) for r in range(size)])]
+
+    def all_to_all(async_op):
+        ins = [block(rank, j, 6).reshape(2, 3).t() for j in range(size)]
+        outs = [torch.zeros(2, 3).t() for _ in range(size)]
+        work = dist.all_to_all(outs, ins, async_op=async_op)
+        return work, outs, [block(r, rank, 6).reshape(2, 3).t() for r in range(size)]
+
+    def gather(root):
+        def run(async_op):
+            x = strided(4)
+            x.copy_(send_value(rank, 4))
+            outs = [strided(4) for _ in range(size)] if rank == root else None
+            work = dist.gather(x, outs, dst=root, async_op=async_op)
+            # The input is left as it was everywhere; a non-root's future
+            # holds no tensor.
+            if rank != root:
+                return work, [x], [send_value(rank, 4)], []
+            return work, outs, [send_value(r, 4) for r in range(size)]
+        return run
+
+    def scatter(root):
+        def run(async_op):
+            ins = None
+            if rank == root:
+                ins = [strided(4) for _ in range(size)]
+                for j, t in enumerate(ins):
+                    t.copy_(block(root, j, 4))
+            out = strided(4)
+            work = dist.scatter(out, ins, src=root, async_op=async_op)
+            return work, [out], [block(root, rank, 4)]
+        return run
+
+    check_layout_op(rank, size, "all_reduce", all_reduce)
+    check_layout_op(rank, size, "all_reduce_coalesced", all_reduce_coalesced)
+    for root in range(size):
+        check_layout_op(rank, size, f"broadcast root {root}", broadcast(root))
+        check_layout_op(rank, size, f"reduce root {root}", reduce(root))
+        check_layout_op(rank, size, f"gather root {root}", gather(root))
+        check_layout_op(rank, size, f"scatter root {root}", scatter(root))
+    check_layout_op(rank, size, "all_gather", all_gather)
+    check_layout_op(rank, size, "_all_gather_base", all_gather_base)
+    check_layout_op(rank, size, "reduce_scatter", reduce_scatter)
+    check_layout_op(rank, size, "_reduce_scatter_base", reduce_scatter_base)
+    check_layout_op(rank, size, "all_to_all_single", all_to_all_single)
+    check_layout_op(rank, size, "all_to_all", all_to_all)
+
+    # Point-to-point around the ring: a strided send, a transposed recv.
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    def send_recv(async_op):
+        x = strided(6)
+        x.copy_(block(rank, right, 6))
+        out = torch.zeros(2, 3).t()
+        if not async_op:
+            if rank % 2 == 0:
+                dist.send(x, right)
+                dist.recv(out, src=left)
+            else:
+                dist.recv(out, src=left)
+                dist.send(x, right)
+            return None, [out], [block(left, rank, 6).reshape(3, 2)]
+        sent = dist.isend(x, right)
+        work = dist.irecv(out, src=left)
+        sent.wait()
+        return work, [out], [block(left, rank, 6).reshape(3, 2)]
+
+    check_layout_op(rank, size, "send/recv", send_recv)
+    noncontig_ddp(rank, size)
+    print("noncontig ok", flush=True)
+
+
+def strided_hook(state, bucket):
+    """A DDP comm hook whose allreduce runs on a non-contiguous copy of the
+    bucket: the future's value must hold the reduced gradients."""
+    world = dist.get_world_size()
+    buffer = bucket.buffer()
+    staging = strided(buffer.numel())
+    staging.copy_(buffer)
+    fut = dist.all_reduce(staging, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] / world)
+
+
+def noncontig_ddp(rank, size):
+    """DDP with strided_hook trains as DDP without a hook."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    params = []
+    for hook in (None, strided_hook):
+        torch.manual_seed(100 + rank)
+        model = DDP(nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 3)))
+        if hook is not None:
+            model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(1000 * rank + 7)
+        for _ in range(3):
+            x = torch.randn(8, 10, generator=gen)
+            y = torch.randint(0, 3, (8,), generator=gen)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        params.append([p.detach().clone() for p in model.parameters()])
+    for i, (a, b) in enumerate(zip(*params)):
+        diff = (a - b).abs().max().item()
+        check(diff <= 1e-6, f"DDP with a strided comm hook: parameter {i} differs by {diff}")
+
+
 def scenario_ops_all(rank, size):
     scenario_ops(rank, size)
     scenario_layout(rank, size)
@@ -446,6 +679,78 @@ def scenario_new_group(rank, size):
     print("new_group ok", flush=True)
 
 
+def shmring_threads():
+    """Names of this process's threads that belong to shmring (the progress
+    and point-to-point threads name themselves)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            pass  # ended meanwhile
+    return [n for n in names if n.startswith("shmring")], len(names)
+
+
+def mapped(job_ids):
+    """Lines of /proc/self/maps that map a segment of one of `job_ids`."""
+    with open("/proc/self/maps") as f:
+        return [line.strip() for line in f if any(j in line for j in job_ids)]
+
+
+def scenario_reinit(rank, size, backend, init_method, rounds=6):
+    """init_process_group, all_reduce, destroy_process_group, six times, with
+    the garbage collector off, every round's groups (the default one and a
+    new_group) still referenced (as a DDP model would) and an all_reduce of
+    each still pending at destroy: every round works, the pending ones
+    complete, and destroy releases each group's segment and threads at once;
+    the old groups then refuse operations. First six bare rounds, nothing
+    between destroy and the next init: a rank that left destroy while rank 0
+    still served the old env:// store would reach it in its next rendezvous
+    and lose it (Connection reset by peer)."""
+    gc.disable()
+    for i in range(rounds):
+        init(backend, init_method, rank, size)
+        t = torch.full((4,), float(rank + 1))
+        dist.all_reduce(t)
+        check(torch.equal(t, torch.full((4,), size * (size + 1) / 2)), f"bare round {i}: {t}")
+        dist.destroy_process_group()
+    kept = []
+    members = list(range(size - 1, -1, -2))  # a subgroup: every other rank, from the last
+    for i in range(rounds):
+        before = shmring_threads()
+        init(backend, init_method, rank, size)
+        world = dist.distributed_c10d._get_default_group()
+        sub = dist.new_group(members)
+        ours = [world] + ([sub] if rank in members else [])
+        for g in ours[1:]:
+            report_job(g)
+        t = torch.full((4,), float(rank + 1 + i))
+        dist.all_reduce(t)
+        check(torch.equal(t, torch.full((4,), size * (size + 1) / 2 + size * i)),
+              f"round {i}: all_reduce gave {t.tolist()}")
+        pending = [(torch.full((1 << 16,), float(rank + 1)), None)]
+        if rank in members:
+            pending.append((torch.full((1 << 10,), float(rank + 1)), sub))
+        works = [dist.all_reduce(x, group=g, async_op=True) for x, g in pending]
+        kept.append((ours, works))
+        dist.destroy_process_group()
+        for (x, g), w in zip(pending, works):
+            w.wait()
+            want = sum(r + 1 for r in (members if g is sub else range(size)))
+            check(torch.equal(x, torch.full_like(x, float(want))),
+                  f"round {i}: an all_reduce pending at destroy gave {x[0].item()}")
+        ids = [g.job_id for g in ours]
+        check(mapped(ids) == [], f"round {i}: still mapped after destroy: {mapped(ids)}")
+        after = shmring_threads()
+        check(after == before, f"round {i}: threads (shmring's, all) {before} before init, "
+              f"{after} after destroy")
+        for g in ours:
+            expect_error(lambda: g.allreduce([torch.ones(2)]).wait(), "destroyed")
+        print(f"round {i} ok", flush=True)
+    print("reinit ok", flush=True)
+
+
 def scenario_job(rank, size):
     """One allreduce whose value names this job (JOB_VALUE): two jobs on one
     host with the same launcher ids must each see only their own ranks."""
@@ -541,6 +846,9 @@ def main():
     rank, size = int(rank), int(size)
     if init_method == "env":
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if scenario == "reinit":  # makes and destroys its groups itself
+        scenario_reinit(rank, size, backend, init_method)
+        return
     init(backend, init_method, rank, size)
     if scenario == "ddp":
         scenario_ddp(rank, size, outdir)
