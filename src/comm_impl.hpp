@@ -99,6 +99,10 @@ struct Communicator::Impl {
   // 8-byte allreduce's 130.
   std::optional<Algorithm> forced_algorithm;
   std::unique_ptr<detail::Segment> seg;
+  // The constructor's settings step (communicator.cpp): every option and
+  // variable of this rank, checked before it attaches.
+  void settings(const Options& options);
+  bool asymmetric_fence_ok = false;        // register_asymmetric_fence() succeeded
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
   detail::WaitPolicy wait_policy;
   detail::Unstacker unstacker;

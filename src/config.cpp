@@ -238,16 +238,15 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
 }
 
 namespace {
-Config resolve_config_impl(const Options& o, Config& c);
-}  // namespace
+void resolve_identity_impl(const Options& o, Config& c);
+void resolve_settings_impl(const Options& o, Config& c);
 
-Config resolve_config(const Options& o) {
-  // Every message starts with the rank that raises it; before the rank is
-  // known, with the process id.
-  Config c;
-  c.rank = -1;
+// Every message starts with the rank that raises it; before the rank is
+// known, with the process id.
+template <class F>
+void with_rank_prefix(const Config& c, F&& f) {
   try {
-    return resolve_config_impl(o, c);
+    f();
   } catch (const InvalidArgumentError& e) {
     std::string m = e.what();
     if (m.rfind("rank ", 0) == 0) throw;
@@ -255,9 +254,27 @@ Config resolve_config(const Options& o) {
                                            : fmt::format("rank unknown (pid {}): {}", getpid(), m));
   }
 }
+}  // namespace
+
+Config resolve_identity(const Options& o) {
+  Config c;
+  c.rank = -1;
+  with_rank_prefix(c, [&] { resolve_identity_impl(o, c); });
+  return c;
+}
+
+void resolve_settings(const Options& o, Config& c) {
+  with_rank_prefix(c, [&] { resolve_settings_impl(o, c); });
+}
+
+Config resolve_config(const Options& o) {
+  Config c = resolve_identity(o);
+  resolve_settings(o, c);
+  return c;
+}
 
 namespace {
-Config resolve_config_impl(const Options& o, Config& c) {
+void resolve_identity_impl(const Options& o, Config& c) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
   if (o.rank >= 0 || o.world_size >= 0) {
@@ -346,7 +363,9 @@ Config resolve_config_impl(const Options& o, Config& c) {
     throw InvalidArgumentError(
         fmt::format("job id '{}' ({}): expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id,
                     !o.job_id.empty() ? "Options::job_id" : "SHMRING_JOB_ID or the launcher's"));
+}
 
+void resolve_settings_impl(const Options& o, Config& c) {
   c.slots = o.slots ? o.slots
                     : static_cast<std::size_t>(
                           env_int("SHMRING_SLOTS", 2, kMaxSlots).value_or(kDefaultSlots));
@@ -435,7 +454,6 @@ Config resolve_config_impl(const Options& o, Config& c) {
             fmt::format("SHMRING_OVERSUBSCRIBED='{}': expected 1, 0 or auto", *raw));
     }
   }
-  return c;
 }
 }  // namespace
 

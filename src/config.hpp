@@ -33,6 +33,11 @@ std::optional<double> env_double(const char* name, double lo, double hi);
 /// apply_placement; until then threads == 0 and spin_us, yield_us < 0 mean
 /// "automatic"). Throws InvalidArgumentError.
 Config resolve_config(const Options& options);
+/// resolve_config in two steps: who this rank is (rank, world size, local
+/// rank and size, job id), then the settings. A rank whose identity is
+/// known can tell its peers why its settings failed (Segment's refusal).
+Config resolve_identity(const Options& options);
+void resolve_settings(const Options& options, Config& c);
 
 /// CPUs in this process's affinity mask (the online count if unreadable).
 int affinity_cpus();
