@@ -656,6 +656,11 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.deadline = c.deadline();
   req.asymmetric_fence = c.asymmetric_fence_ok;
   req.oversubscribed = cfg.oversubscribed_request;
+  // Automatic: the job's crowding, where this process knows of it, counts
+  // for this communicator too (config.hpp job_crowding_hint); published, so
+  // every rank of the communicator agrees.
+  const std::string crowding = req.oversubscribed < 0 ? detail::job_crowding_hint() : "";
+  if (!crowding.empty()) req.oversubscribed = 1;
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
@@ -664,6 +669,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.seg->wait_all_attached(req.deadline);
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus(),
                           c.seg->oversubscribed_request());
+  if (cfg.oversubscribed) c.crowded.emplace();
+  if (!crowding.empty()) SHMRING_LOG(info, "rank {}: waits never spin: {}", cfg.rank, crowding);
   cfg.asymmetric_fence = c.seg->all_asymmetric_fence();
   c.light_publish = cfg.asymmetric_fence;
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);

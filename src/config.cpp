@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -190,6 +191,41 @@ int affinity_cpus() {
   if (sched_getaffinity(0, sizeof set, &set) != 0)
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, CPU_COUNT(&set));
+}
+
+namespace {
+std::atomic<int> g_crowded_communicators{0};
+}  // namespace
+
+CrowdedMark::CrowdedMark() {
+  g_crowded_communicators.fetch_add(1, std::memory_order_relaxed);
+}
+CrowdedMark::~CrowdedMark() {
+  g_crowded_communicators.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::string job_crowding_hint() {
+  if (g_crowded_communicators.load(std::memory_order_relaxed) > 0)
+    return "another communicator of this process is oversubscribed";
+  // The innermost launcher's count of its ranks on this machine (the set
+  // resolve_config would use). Every rank's mask lies within the online
+  // CPUs, so more ranks than those is crowding whatever the binding; a bad
+  // value is resolve_config's to report, not ours.
+  for (const auto& l : kLaunchers) {
+    if (!env_string(l.rank) && !env_string(l.size)) continue;
+    if (l.local_size == nullptr) break;
+    const auto raw = env_string(l.local_size);
+    if (!raw) break;
+    char* end = nullptr;
+    errno = 0;
+    const long long local = std::strtoll(raw->c_str(), &end, 10);
+    if (errno != 0 || end == raw->c_str() || *end != '\0') break;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online > 0 && local > online)
+      return fmt::format("{}={} ranks on this machine's {} CPUs", l.local_size, local, online);
+    break;
+  }
+  return {};
 }
 
 void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
