@@ -920,9 +920,12 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
       // A rank that refused to start (a bad setting of its own) never
       // registered: it keeps the name until the ranks still starting have
       // found it, and removes it then. Otherwise nobody else will.
+      // It holds its rank's lock without a registration (a clashing
+      // process of another job holds neither: then the name goes now).
       const bool refused =
           a->rank >= 0 && a->rank < world_size_ && a->rank != rank_ &&
-          rank_area(a->rank).info.state.load(std::memory_order_acquire) == kRankAbsent;
+          rank_area(a->rank).info.state.load(std::memory_order_acquire) == kRankAbsent &&
+          rank_alive(a->rank);
       if (!refused) unlink_name();
       throw_error(static_cast<ErrorCode>(a->code), a->reason);
     }
