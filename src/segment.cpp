@@ -462,6 +462,18 @@ int link_as(int fd, const std::string& name) {
 
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   const bool refusing = !req.refusal.empty();
+  // A refusing rank raises its error once the others have heard it; where
+  // they are slow to come (or rank 0 never does), say it at once.
+  const auto refusal_start = Clock::now();
+  bool refusal_said = false;
+  auto say_refusal_if_slow = [&] {
+    if (!refusing || refusal_said || Clock::now() - refusal_start < std::chrono::seconds(1)) return;
+    refusal_said = true;
+    SHMRING_LOG(warn,
+                "{} (this rank waits to tell the other ranks of its job, then raises it; "
+                "SHMRING_TIMEOUT bounds the wait)",
+                req.refusal);
+  };
   auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
   if (!layout && !refusing)
     throw InvalidArgumentError(
@@ -599,8 +611,10 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
             int it = 0;
             while (h->attached.load(std::memory_order_acquire) <
                        static_cast<std::uint32_t>(req.world_size) &&
-                   std::chrono::steady_clock::now() < req.deadline)
+                   std::chrono::steady_clock::now() < req.deadline) {
+              say_refusal_if_slow();
               sleep_backoff(it);
+            }
           } catch (const Error&) {
           }
         }
@@ -743,6 +757,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                                       req.rank, req.name, std::strerror(errno)),
                           errno);
       if (Clock::now() >= req.deadline) throw timed_out("the creation");
+      say_refusal_if_slow();
       sleep_backoff(it);
       continue;
     }
@@ -834,8 +849,10 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       h->attached.fetch_add(1, std::memory_order_acq_rel);
       while (h->attached.load(std::memory_order_acquire) <
                  static_cast<std::uint32_t>(req.world_size) &&
-             Clock::now() < req.deadline)
+             Clock::now() < req.deadline) {
+        say_refusal_if_slow();
         sleep_backoff(it);
+      }
       unlink_if_same(req.name, fd);
       throw InvalidArgumentError(req.refusal);
     }
