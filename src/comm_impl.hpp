@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config.hpp"
 #include "layout.hpp"
 #include "placement.hpp"
 #include "segment.hpp"
@@ -99,6 +100,13 @@ struct Communicator::Impl {
   // 8-byte allreduce's 130.
   std::optional<Algorithm> forced_algorithm;
   std::unique_ptr<detail::Segment> seg;
+  // The constructor's settings step (communicator.cpp): every option and
+  // variable of this rank, checked before it attaches.
+  void settings(const Options& options);
+  bool asymmetric_fence_ok = false;  // register_asymmetric_fence() succeeded
+  // Held while this communicator is oversubscribed: the process's later
+  // communicators wait as crowded too (config.hpp job_crowding_hint).
+  std::optional<detail::CrowdedMark> crowded;
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
   detail::WaitPolicy wait_policy;
   detail::Unstacker unstacker;

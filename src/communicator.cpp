@@ -590,49 +590,86 @@ Communicator::Communicator(int rank, int world_size, std::string job_id)
         return o;
       }()) {}
 
-Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl>()) {
-  Impl& c = *impl_;
-  c.config = detail::resolve_config(options);
-  Config& cfg = c.config;
+// Every setting of this rank (options, then the environment), checked
+// before attaching. Throws InvalidArgumentError; the constructor tells the
+// peers.
+void Communicator::Impl::settings(const Options& options) {
+  Config& cfg = config;
+  detail::resolve_settings(options, cfg);
   if (cfg.algorithm == "ring")
-    c.forced_algorithm = Algorithm::ring;
+    forced_algorithm = Algorithm::ring;
   else if (cfg.algorithm == "direct")
-    c.forced_algorithm = Algorithm::direct;
+    forced_algorithm = Algorithm::direct;
   else if (cfg.algorithm == "two_shot")
-    c.forced_algorithm = Algorithm::two_shot;
+    forced_algorithm = Algorithm::two_shot;
   detail::set_log_rank(cfg.rank);
-  // Checked before attaching, so that a bad value fails alone, at once.
-  cfg.progress_cpu = c.progress_cpu = detail::progress_cpu_from_env(cfg.rank);
+  cfg.progress_cpu = progress_cpu = detail::progress_cpu_from_env(cfg.rank);
   if (auto v = detail::env_int("SHMRING_CMA", 0, 1)) {
-    c.cma_mode = static_cast<int>(*v);
+    cma_mode = static_cast<int>(*v);
     // Asked for explicitly: let the peers read us even under Yama's
     // ptrace_scope=1 (any process of this user may then attach to us).
-    if (c.cma_mode == 1) detail::allow_cma_readers();
+    if (cma_mode == 1) detail::allow_cma_readers();
   }
   if (auto v = detail::env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
-    c.cma_min_bytes = static_cast<std::size_t>(*v);
-  if (auto v = detail::env_int("SHMRING_CMA_LARGE", 0, 1)) c.cma_large = static_cast<int>(*v);
-  c.rank = cfg.rank;
-  c.size = cfg.world_size;
-  c.left = (c.rank + c.size - 1) % c.size;
-  c.right = (c.rank + 1) % c.size;
+    cma_min_bytes = static_cast<std::size_t>(*v);
+  if (auto v = detail::env_int("SHMRING_CMA_LARGE", 0, 1)) cma_large = static_cast<int>(*v);
+  rank = cfg.rank;
+  size = cfg.world_size;
+  left = (rank + size - 1) % size;
+  right = (rank + 1) % size;
+  // A bad SHMRING_MEMBARRIER fails here; the result is published as the
+  // rank attaches.
+  asymmetric_fence_ok = detail::register_asymmetric_fence();
+}
 
+Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl>()) {
+  Impl& c = *impl_;
+  c.config = detail::resolve_identity(options);
+  Config& cfg = c.config;
   const std::uint64_t host = detail::host_hash();
   cfg.segment_name = detail::segment_name(cfg.job_id, host);
   detail::SegmentRequest req;
   req.name = cfg.segment_name;
   req.rank = cfg.rank;
   req.world_size = cfg.world_size;
+  req.host_hash = host;
+  req.job_id = cfg.job_id;
+  try {
+    c.settings(options);
+  } catch (const InvalidArgumentError& e) {
+    // A setting only this rank has wrong: its peers would wait for it until
+    // SHMRING_TIMEOUT. Tell them through the segment (rank 0 makes one that
+    // says so), so that every rank fails now with this message.
+    const std::string m = e.what();
+    const std::string why = m.rfind("rank ", 0) == 0 ? m : fmt::format("rank {}: {}", cfg.rank, m);
+    req.refusal = why;
+    double timeout_s = cfg.timeout_s > 0 ? cfg.timeout_s : detail::kDefaultTimeoutS;
+    if (cfg.timeout_s <= 0 && options.timeout_s <= 0) {
+      try {
+        timeout_s = detail::env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(timeout_s);
+      } catch (const InvalidArgumentError&) {
+      }
+    }
+    req.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(timeout_s));
+    try {
+      (void)detail::Segment::create_or_attach(req);
+    } catch (...) {
+      // Told as far as it could be; this rank's own error is the one to raise.
+    }
+    throw InvalidArgumentError(why);
+  }
   req.slots = cfg.slots;
   req.slot_bytes = cfg.slot_bytes;
   req.direct_bytes = cfg.direct_bytes;
-  req.host_hash = host;
   req.deadline = c.deadline();
-  req.job_id = cfg.job_id;
-  // Before the segment: a bad SHMRING_MEMBARRIER fails here, and the rank
-  // publishes the result as it attaches.
-  req.asymmetric_fence = detail::register_asymmetric_fence();
+  req.asymmetric_fence = c.asymmetric_fence_ok;
   req.oversubscribed = cfg.oversubscribed_request;
+  // Automatic: the job's crowding, where this process knows of it, counts
+  // for this communicator too (config.hpp job_crowding_hint); published, so
+  // every rank of the communicator agrees.
+  const std::string crowding = req.oversubscribed < 0 ? detail::job_crowding_hint() : "";
+  if (!crowding.empty()) req.oversubscribed = 1;
   c.seg = detail::Segment::create_or_attach(req);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
@@ -641,6 +678,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   c.seg->wait_all_attached(req.deadline);
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus(),
                           c.seg->oversubscribed_request());
+  if (cfg.oversubscribed) c.crowded.emplace();
+  if (!crowding.empty()) SHMRING_LOG(info, "rank {}: waits never spin: {}", cfg.rank, crowding);
   cfg.asymmetric_fence = c.seg->all_asymmetric_fence();
   c.light_publish = cfg.asymmetric_fence;
   c.wait_policy.spin_ns = static_cast<std::int64_t>(cfg.spin_us * 1000);

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -192,6 +193,41 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+namespace {
+std::atomic<int> g_crowded_communicators{0};
+}  // namespace
+
+CrowdedMark::CrowdedMark() {
+  g_crowded_communicators.fetch_add(1, std::memory_order_relaxed);
+}
+CrowdedMark::~CrowdedMark() {
+  g_crowded_communicators.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::string job_crowding_hint() {
+  if (g_crowded_communicators.load(std::memory_order_relaxed) > 0)
+    return "another communicator of this process is oversubscribed";
+  // The innermost launcher's count of its ranks on this machine (the set
+  // resolve_config would use). Every rank's mask lies within the online
+  // CPUs, so more ranks than those is crowding whatever the binding; a bad
+  // value is resolve_config's to report, not ours.
+  for (const auto& l : kLaunchers) {
+    if (!env_string(l.rank) && !env_string(l.size)) continue;
+    if (l.local_size == nullptr) break;
+    const auto raw = env_string(l.local_size);
+    if (!raw) break;
+    char* end = nullptr;
+    errno = 0;
+    const long long local = std::strtoll(raw->c_str(), &end, 10);
+    if (errno != 0 || end == raw->c_str() || *end != '\0') break;
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online > 0 && local > online)
+      return fmt::format("{}={} ranks on this machine's {} CPUs", l.local_size, local, online);
+    break;
+  }
+  return {};
+}
+
 void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
   c.job_cpus = std::max(1, job_cpus);
   // More ranks than the CPUs their affinity masks cover together: a waiter
@@ -238,16 +274,15 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
 }
 
 namespace {
-Config resolve_config_impl(const Options& o, Config& c);
-}  // namespace
+void resolve_identity_impl(const Options& o, Config& c);
+void resolve_settings_impl(const Options& o, Config& c);
 
-Config resolve_config(const Options& o) {
-  // Every message starts with the rank that raises it; before the rank is
-  // known, with the process id.
-  Config c;
-  c.rank = -1;
+// Every message starts with the rank that raises it; before the rank is
+// known, with the process id.
+template <class F>
+void with_rank_prefix(const Config& c, F&& f) {
   try {
-    return resolve_config_impl(o, c);
+    f();
   } catch (const InvalidArgumentError& e) {
     std::string m = e.what();
     if (m.rfind("rank ", 0) == 0) throw;
@@ -255,9 +290,27 @@ Config resolve_config(const Options& o) {
                                            : fmt::format("rank unknown (pid {}): {}", getpid(), m));
   }
 }
+}  // namespace
+
+Config resolve_identity(const Options& o) {
+  Config c;
+  c.rank = -1;
+  with_rank_prefix(c, [&] { resolve_identity_impl(o, c); });
+  return c;
+}
+
+void resolve_settings(const Options& o, Config& c) {
+  with_rank_prefix(c, [&] { resolve_settings_impl(o, c); });
+}
+
+Config resolve_config(const Options& o) {
+  Config c = resolve_identity(o);
+  resolve_settings(o, c);
+  return c;
+}
 
 namespace {
-Config resolve_config_impl(const Options& o, Config& c) {
+void resolve_identity_impl(const Options& o, Config& c) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
   if (o.rank >= 0 || o.world_size >= 0) {
@@ -346,7 +399,9 @@ Config resolve_config_impl(const Options& o, Config& c) {
     throw InvalidArgumentError(
         fmt::format("job id '{}' ({}): expected 1 to 64 characters from [A-Za-z0-9._-]", c.job_id,
                     !o.job_id.empty() ? "Options::job_id" : "SHMRING_JOB_ID or the launcher's"));
+}
 
+void resolve_settings_impl(const Options& o, Config& c) {
   c.slots = o.slots ? o.slots
                     : static_cast<std::size_t>(
                           env_int("SHMRING_SLOTS", 2, kMaxSlots).value_or(kDefaultSlots));
@@ -435,7 +490,6 @@ Config resolve_config_impl(const Options& o, Config& c) {
             fmt::format("SHMRING_OVERSUBSCRIBED='{}': expected 1, 0 or auto", *raw));
     }
   }
-  return c;
 }
 }  // namespace
 

@@ -33,6 +33,11 @@ std::optional<double> env_double(const char* name, double lo, double hi);
 /// apply_placement; until then threads == 0 and spin_us, yield_us < 0 mean
 /// "automatic"). Throws InvalidArgumentError.
 Config resolve_config(const Options& options);
+/// resolve_config in two steps: who this rank is (rank, world size, local
+/// rank and size, job id), then the settings. A rank whose identity is
+/// known can tell its peers why its settings failed (Segment's refusal).
+Config resolve_identity(const Options& options);
+void resolve_settings(const Options& options, Config& c);
 
 /// CPUs in this process's affinity mask (the online count if unreadable).
 int affinity_cpus();
@@ -46,6 +51,29 @@ int affinity_cpus();
 /// and, unless set explicitly, spin_us and yield_us (no spin when
 /// oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
 void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1);
+
+/// Why this process's job crowds the machine, known before a new
+/// communicator's ranks compare their CPUs; empty when nothing says so.
+/// Crowding is the job's, not one communicator's: ranks of a 2-rank
+/// communicator on 2 CPUs still share them with the job's other busy
+/// processes (MPI sub-communicators, torch subgroups, a communicator made
+/// beside the first). Two signs: a live communicator of this process is
+/// oversubscribed (CrowdedMark), or the launcher counts more ranks on this
+/// machine (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...) than it has
+/// CPUs online. A rank whose own setting is automatic publishes it as a
+/// request for 1, so that every rank of the communicator agrees
+/// (Segment::oversubscribed_request).
+std::string job_crowding_hint();
+
+/// Held by each communicator of this process that is oversubscribed, for
+/// its lifetime: job_crowding_hint() says so while any is held.
+class CrowdedMark {
+ public:
+  CrowdedMark();
+  ~CrowdedMark();
+  CrowdedMark(const CrowdedMark&) = delete;
+  CrowdedMark& operator=(const CrowdedMark&) = delete;
+};
 
 /// Stable identity of this host and boot: FNV-1a of hostname and boot id.
 std::uint64_t host_hash();

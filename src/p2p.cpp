@@ -1070,7 +1070,7 @@ void P2p::watch_entries(std::vector<Watch>& w) {
 }
 
 void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int peer,
-                        bool progress_thread) {
+                        bool progress_thread, Clock::time_point since) {
   WaitPolicy policy = c_.wait_policy;
   if (progress_thread) {
     // A helper thread must not hold a core a rank needs.
@@ -1089,6 +1089,15 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
     return false;
   };
   if (ready(std::memory_order_acquire)) return;
+  // Phases already spent in earlier slices of this wait are not repeated:
+  // a recv waiting 1 s for its send yielded 2 ms of every 12 ms slice (165
+  // ms of CPU; tests/core/test_idle_cpu.cpp).
+  const auto call_start = Clock::now();
+  const std::int64_t waited = (call_start - since).count();
+  const std::int64_t full_spin = policy.spin_ns;
+  policy.spin_ns = std::max<std::int64_t>(0, full_spin - waited);
+  policy.yield_ns =
+      std::max<std::int64_t>(0, policy.yield_ns - std::max<std::int64_t>(0, waited - full_spin));
   if (policy.spin_ns > 0) {
     // A first short round before reading the clock (32 pauses: ~1.5 us on
     // CPUs whose pause takes ~140 cycles): a ping-pong answer often comes.
@@ -1113,7 +1122,7 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
   while ((Clock::now() - start).count() < yield_end) {
     sched_yield();
     if (ready(std::memory_order_acquire)) return;
-    if (Clock::now() - start > std::chrono::microseconds(policy.sleep_slice_us)) return;
+    if (Clock::now() - call_start > std::chrono::microseconds(policy.sleep_slice_us)) return;
   }
   // One futex sleep slice (the lost-wakeup argument is the header comment's).
   d.waiters.fetch_add(1, std::memory_order_seq_cst);
@@ -1126,8 +1135,15 @@ void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int
 void P2p::wait(Op& op) {
   std::unique_lock lock(mutex_);
   auto last_check = Clock::now();
+  // When this wait last saw the doorbell move: the phases restart there.
+  auto since = last_check;
+  std::uint64_t last_seen = inbox(c_.rank).doorbell.value.load(std::memory_order_acquire);
   while (!op.done) {
     const std::uint64_t seen = inbox(c_.rank).doorbell.value.load(std::memory_order_acquire);
+    if (seen != last_seen) {
+      last_seen = seen;
+      since = Clock::now();
+    }
     progress(lock);
     if (!op.done && Clock::now() - last_check > std::chrono::milliseconds(10)) {
       check_pending(lock);
@@ -1139,7 +1155,7 @@ void P2p::wait(Op& op) {
     watch_entries(watch);
     ++sleepers_;
     lock.unlock();
-    wait_doorbell(seen, watch, op.peer, false);
+    wait_doorbell(seen, watch, op.peer, false, since);
     lock.lock();
     --sleepers_;
   }
@@ -1172,7 +1188,7 @@ void P2p::loop() {
     watch_entries(watch);
     ++sleepers_;
     lock.unlock();
-    wait_doorbell(seen, watch, -1, true);
+    wait_doorbell(seen, watch, -1, true, Clock::now());
     lock.lock();
     --sleepers_;
   }

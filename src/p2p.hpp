@@ -130,9 +130,11 @@ class P2p {
   /// of the peers our sends wait for (mutex_ held).
   void watch_entries(std::vector<Watch>& w);
   /// Waits for our doorbell to pass `seen` or a watched header to be
-  /// posted (bounded by one sleep slice).
+  /// posted (bounded by one sleep slice). The spin and yield phases are
+  /// timed from `since`, when the caller began waiting without progress:
+  /// a wait of many slices spins and yields once, then only sleeps.
   void wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int peer,
-                     bool progress_thread);
+                     bool progress_thread, std::chrono::steady_clock::time_point since);
   void start_thread();
   void loop();
   std::size_t pending() const;

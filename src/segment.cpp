@@ -490,8 +490,21 @@ int link_as(int fd, const std::string& name) {
 }  // namespace
 
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
+  const bool refusing = !req.refusal.empty();
+  // A refusing rank raises its error once the others have heard it; where
+  // they are slow to come (or rank 0 never does), say it at once.
+  const auto refusal_start = Clock::now();
+  bool refusal_said = false;
+  auto say_refusal_if_slow = [&] {
+    if (!refusing || refusal_said || Clock::now() - refusal_start < std::chrono::seconds(1)) return;
+    refusal_said = true;
+    SHMRING_LOG(warn,
+                "{} (this rank waits to tell the other ranks of its job, then raises it; "
+                "SHMRING_TIMEOUT bounds the wait)",
+                req.refusal);
+  };
   auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
-  if (!layout)
+  if (!layout && !refusing)
     throw InvalidArgumentError(
         fmt::format("rank {}: segment of {} ranks x {} slots x {} bytes overflows", req.rank,
                     req.world_size, req.slots, req.slot_bytes));
@@ -604,6 +617,46 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
         handle_existing();
       }
     };
+    // Tells the other ranks why this job cannot start through a header-only
+    // segment that says so (each that finds it counts itself in `attached`
+    // and throws the reason), kept until all have come or the deadline, then
+    // removed.
+    auto announce_failure = [&](ErrorCode code, const std::string& reason) {
+      if (req.world_size > 1 && file_size(seg->fd_) >= kHeaderBytes) {
+        (void)!ftruncate(seg->fd_, static_cast<off_t>(kHeaderBytes));
+        HeaderView hv(seg->fd_, true);
+        if (Header* h = hv.get()) {
+          h->magic = kMagic;
+          h->layout_version = kLayoutVersion;
+          h->world_size = static_cast<std::uint32_t>(req.world_size);
+          h->creator_pid = getpid();
+          h->job_nonce = me.nonce;
+          h->reserved = me.nonce != 0 ? kNonceLauncher : kNonceRandom;
+          record_abort(*h, code, 0, reason);
+          h->attached.store(1, std::memory_order_relaxed);
+          h->status.store(kStatusFailed, std::memory_order_release);
+          try {
+            publish_name();
+            int it = 0;
+            while (h->attached.load(std::memory_order_acquire) <
+                       static_cast<std::uint32_t>(req.world_size) &&
+                   std::chrono::steady_clock::now() < req.deadline) {
+              say_refusal_if_slow();
+              sleep_backoff(it);
+            }
+          } catch (const Error&) {
+          }
+        }
+      }
+      unlink_if_same(req.name, seg->fd_);
+    };
+    if (refusing) {
+      if (posix_fallocate(seg->fd_, 0, static_cast<off_t>(kHeaderBytes)) == 0)
+        announce_failure(ErrorCode::invalid_argument, req.refusal);
+      else
+        unlink_if_same(req.name, seg->fd_);
+      throw InvalidArgumentError(req.refusal);
+    }
     // Reserve every page now: a full /dev/shm must be an error here, not a
     // SIGBUS on first touch later. The header page first, so that a failure
     // of the big reservation can still be told to the other ranks through it.
@@ -614,31 +667,10 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (err != 0) {
       const std::string reason = shm_full_reason(req, *layout, err);
       // Tell the other ranks through a header-only segment, then remove it.
-      if (req.world_size > 1 && header_reserved && file_size(seg->fd_) >= kHeaderBytes) {
-        (void)!ftruncate(seg->fd_, static_cast<off_t>(kHeaderBytes));
-        HeaderView hv(seg->fd_, true);
-        if (Header* h = hv.get()) {
-          h->magic = kMagic;
-          h->layout_version = kLayoutVersion;
-          h->world_size = static_cast<std::uint32_t>(req.world_size);
-          h->creator_pid = getpid();
-          h->job_nonce = me.nonce;
-          h->reserved = me.nonce != 0 ? kNonceLauncher : kNonceRandom;
-          record_abort(*h, ErrorCode::out_of_shared_memory, 0, reason);
-          h->attached.store(1, std::memory_order_relaxed);
-          h->status.store(kStatusFailed, std::memory_order_release);
-          try {
-            publish_name();
-            int it = 0;
-            while (h->attached.load(std::memory_order_acquire) <
-                       static_cast<std::uint32_t>(req.world_size) &&
-                   std::chrono::steady_clock::now() < req.deadline)
-              sleep_backoff(it);
-          } catch (const Error&) {
-          }
-        }
-      }
-      unlink_if_same(req.name, seg->fd_);
+      if (header_reserved)
+        announce_failure(ErrorCode::out_of_shared_memory, reason);
+      else
+        unlink_if_same(req.name, seg->fd_);
       throw OutOfSharedMemoryError(reason, err);
     }
     void* addr = ::mmap(nullptr, layout->total_bytes, PROT_READ | PROT_WRITE,
@@ -747,6 +779,7 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
                                       req.rank, req.name, std::strerror(errno)),
                           errno);
       if (Clock::now() >= req.deadline) throw timed_out("the creation");
+      say_refusal_if_slow();
       sleep_backoff(it);
       continue;
     }
@@ -754,6 +787,22 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
     if (auto why = fd_problem(fd); !why.empty()) throw not_ours(why);
     if (!lock_held(fd, 0)) {
       const int pid = creator_pid_of(fd);
+      // Rank 0 left a job that a rank refused to start: that rank keeps the
+      // name (and its rank's lock) until every rank has read why.
+      if (file_size(fd) >= kHeaderBytes) {
+        HeaderView hv(fd, true);
+        Header* h = hv.get();
+        if (h != nullptr && h->magic == kMagic && h->layout_version == kLayoutVersion &&
+            classify(*h, me) != Collision::other_job)
+          if (auto a = read_abort(*h);
+              a && a->rank > 0 && a->rank < req.world_size && lock_held(fd, a->rank)) {
+            if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 >=
+                static_cast<std::uint32_t>(req.world_size))
+              unlink_if_same(req.name, fd);
+            if (refusing) throw InvalidArgumentError(req.refusal);
+            throw_error(static_cast<ErrorCode>(a->code), a->reason);
+          }
+      }
       if (file_size(fd) >= kHeaderBytes && linked_ctime_ns(fd) > began_ns && !lock_held(fd, 0))
         rethrow(rank0_died(pid, fd));
       if (Clock::now() >= req.deadline) {
@@ -789,10 +838,18 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
       if (a) throw_error(static_cast<ErrorCode>(a->code), a->reason);
       throw InternalError(fmt::format("rank {}: segment failed without a reason", req.rank));
     }
-    // A job that failed already (a collision found by another process): its
-    // reason is ours too.
+    // A job that failed already (a collision found by another process, a
+    // rank that refused to start): its reason is ours too. Counted in
+    // `attached`, so that a rank keeping the name for the late ranks (a
+    // refusing one) sees everyone has come.
     if (ours)
-      if (auto a = read_abort(*h)) throw_error(static_cast<ErrorCode>(a->code), a->reason);
+      if (auto a = read_abort(*h)) {
+        if (h->attached.fetch_add(1, std::memory_order_acq_rel) + 1 >=
+            static_cast<std::uint32_t>(req.world_size))
+          unlink_if_same(req.name, fd);
+        if (refusing) throw InvalidArgumentError(req.refusal);
+        throw_error(static_cast<ErrorCode>(a->code), a->reason);
+      }
     // Another job's segment under our job id: both jobs must fail.
     if (ours && classify(*h, me) == Collision::other_job)
       rethrow(collide(h, two_jobs_message(me, req.name, h->creator_pid)));
@@ -803,6 +860,23 @@ std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
           fmt::format("rank {}: segment '{}' refused: {}", req.rank, req.name, check.error);
       if (ours) rethrow(collide(h, msg));
       throw InvalidArgumentError(msg);
+    }
+    if (refusing) {
+      // Recorded in the header, where the ranks in wait_all_attached and
+      // those still to come read it; then kept until every rank has come
+      // (each counts itself) or the deadline passed: rank 0 leaves as soon
+      // as it has read it, and a rank still starting must find the name.
+      (void)try_lock_rank(fd, req.rank);  // "alive": the name is kept for the late ranks
+      record_abort(*h, ErrorCode::invalid_argument, req.rank, req.refusal);
+      h->attached.fetch_add(1, std::memory_order_acq_rel);
+      while (h->attached.load(std::memory_order_acquire) <
+                 static_cast<std::uint32_t>(req.world_size) &&
+             Clock::now() < req.deadline) {
+        say_refusal_if_slow();
+        sleep_backoff(it);
+      }
+      unlink_if_same(req.name, fd);
+      throw InvalidArgumentError(req.refusal);
     }
     if (check.slots != req.slots || check.slot_bytes != req.slot_bytes)
       SHMRING_LOG(info, "using rank 0's slots={} slot_bytes={} (this rank asked for {} x {})",
@@ -882,7 +956,16 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
   const auto n = static_cast<std::uint32_t>(world_size_);
   while (h.attached.load(std::memory_order_acquire) < n) {
     if (auto a = read_abort(h)) {
-      unlink_name();
+      // A rank that refused to start (a bad setting of its own) never
+      // registered: it keeps the name until the ranks still starting have
+      // found it, and removes it then. Otherwise nobody else will.
+      // It holds its rank's lock without a registration (a clashing
+      // process of another job holds neither: then the name goes now).
+      const bool refused =
+          a->rank >= 0 && a->rank < world_size_ && a->rank != rank_ &&
+          rank_area(a->rank).info.state.load(std::memory_order_acquire) == kRankAbsent &&
+          rank_alive(a->rank);
+      if (!refused) unlink_name();
       throw_error(static_cast<ErrorCode>(a->code), a->reason);
     }
     // A rank that registered (its lock taken before its state) and lost its
@@ -920,6 +1003,11 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
       throw_error(a ? static_cast<ErrorCode>(a->code) : ErrorCode::timeout, a ? a->reason : msg);
     }
     sleep_backoff(it);
+  }
+  // Complete, but perhaps only because a refusing rank counted itself.
+  if (auto a = read_abort(h)) {
+    unlink_name();
+    throw_error(static_cast<ErrorCode>(a->code), a->reason);
   }
   // The last rank to attach unlinks the name, but a SIGKILL between its
   // increment of `attached` and its unlink would leave the file behind with

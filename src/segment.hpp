@@ -34,6 +34,12 @@ struct SegmentRequest {
   // Options::oversubscribed as this rank resolved it (-1, 0, 1); published
   // as RankInfo::oversubscribed.
   int oversubscribed = -1;
+  // Non-empty: this rank refuses to start, for this reason (a bad setting of
+  // its own). create_or_attach then only tells the job: rank 0 makes a
+  // segment that says so, another rank records it in rank 0's; either stays
+  // until every rank has arrived (or the deadline), so that ranks still
+  // starting hear it too, and create_or_attach throws.
+  std::string refusal;
 };
 
 class Segment {

@@ -82,3 +82,103 @@ TEST_CASE("SHMRING_MIGRATE is validated") {
   });
   CHECK(all_zero(st));
 }
+
+namespace {
+
+// Pins this process to the first CPU of `home`, or gives it `home` back.
+void pin_first(const cpu_set_t& home, bool pin) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &home)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  sched_setaffinity(0, sizeof(cpu_set_t), pin ? &one : &home);
+}
+
+// No launcher variables: the tests below decide what the launcher says.
+void clear_launcher_env() {
+  for (const char* v :
+       {"SHMRING_RANK", "SHMRING_WORLD_SIZE", "SHMRING_LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS", "SLURM_PROCID",
+        "SLURM_NTASKS", "SHMRING_OVERSUBSCRIBED"})
+    unsetenv(v);
+}
+
+}  // namespace
+
+// Crowding is the job's (README, SHMRING_OVERSUBSCRIBED): a communicator
+// whose own ranks have a CPU each still shares the CPUs with the job's
+// other busy processes. Here the first communicator's ranks share one CPU;
+// the second's, made by the same processes on their whole masks, would
+// count 2 ranks on 2+ CPUs and spin.
+TEST_CASE("a communicator made beside an oversubscribed one waits as oversubscribed") {
+  if (cpus_in_mask() < 2) {
+    MESSAGE("skipped: needs 2 CPUs in the affinity mask");
+    return;
+  }
+  const std::string first = unique_job_id("crowd-a"), second = unique_job_id("crowd-b"),
+                    third = unique_job_id("crowd-c");
+  auto st = run_processes(2, [&](int r) {
+    clear_launcher_env();
+    cpu_set_t home;
+    CPU_ZERO(&home);
+    sched_getaffinity(0, sizeof home, &home);
+    {
+      pin_first(home, true);
+      Communicator crowded(r, 2, first);
+      pin_first(home, false);
+      SHMRING_CHILD_CHECK(crowded.config().oversubscribed,
+                          "rank %d: 2 ranks on one CPU are not oversubscribed", r);
+      Communicator beside(r, 2, second);
+      SHMRING_CHILD_CHECK(beside.config().oversubscribed && beside.config().spin_us == 0,
+                          "rank %d: a communicator beside an oversubscribed one of this job "
+                          "spins (oversubscribed=%d spin_us=%g)",
+                          r, beside.config().oversubscribed, beside.config().spin_us);
+      // Explicitly not: the caller's word stands.
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.job_id = second + "x";
+      o.oversubscribed = 0;
+      Communicator told(o);
+      SHMRING_CHILD_CHECK(!told.config().oversubscribed,
+                          "rank %d: Options::oversubscribed=0 was overridden", r);
+      float x = 1;
+      beside.allreduce(&x, &x, 1, DataType::float32, ReduceOp::sum);
+      SHMRING_CHILD_CHECK(x == 2, "rank %d: allreduce gave %g", r, x);
+    }
+    // Once those are gone, nothing crowds the CPUs any more.
+    Communicator alone(r, 2, third);
+    SHMRING_CHILD_CHECK(!alone.config().oversubscribed,
+                        "rank %d: still oversubscribed after the crowded communicator ended", r);
+  });
+  CHECK(all_zero(st));
+}
+
+// The launcher's count of ranks on this machine against its online CPUs:
+// a communicator of fewer ranks (torch subgroups, MPI sub-communicators)
+// knows the job crowds the machine even where it is the process's first.
+TEST_CASE("a launcher's local world size above the online CPUs makes every communicator crowded") {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const std::string job = unique_job_id("crowd-env"), job2 = unique_job_id("crowd-env2");
+  auto st = run_processes(2, [&](int r) {
+    clear_launcher_env();
+    {
+      Communicator plain(r, 2, job2);
+      SHMRING_CHILD_CHECK(!plain.config().oversubscribed || online < 2,
+                          "rank %d: 2 ranks on %ld CPUs oversubscribed without a launcher", r,
+                          online);
+    }
+    setenv("RANK", std::to_string(r).c_str(), 1);
+    setenv("WORLD_SIZE", std::to_string(online + 1).c_str(), 1);
+    setenv("LOCAL_WORLD_SIZE", std::to_string(online + 1).c_str(), 1);
+    Communicator sub(r, 2, job);
+    SHMRING_CHILD_CHECK(sub.config().oversubscribed,
+                        "rank %d: LOCAL_WORLD_SIZE=%ld on %ld CPUs, yet not oversubscribed", r,
+                        online + 1, online);
+  });
+  CHECK(all_zero(st));
+}

@@ -364,3 +364,64 @@ TEST_CASE("another user's segment of our name is neither opened nor removed") {
   CHECK(fs::exists(path));  // not ours to remove
   fs::remove(path);
 }
+
+// A bad setting on one rank only: that rank cannot start, and its peers,
+// who would wait for it until SHMRING_TIMEOUT (30 s here), fail within
+// seconds with an error naming the rank and the variable (README, "Errors").
+// Rank 0 creates the segment, so its refusal takes another path than the
+// others'. In the 3-rank jobs, one good rank comes 0.3 s late and must find
+// the news, not wait for a segment already gone.
+TEST_CASE("a bad setting on one rank fails every rank at once, naming the rank and the variable") {
+  struct Bad {
+    const char* var;
+    const char* value;
+  };
+  // An integer, a size (read outside the settings parser), an enum, a
+  // number (the deadline itself).
+  const Bad bads[] = {{"SHMRING_SLOTS", "1"},
+                      {"SHMRING_CMA_MIN_BYTES", "-5"},
+                      {"SHMRING_NT_STORES", "maybe"},
+                      {"SHMRING_TIMEOUT", "soon"}};
+  for (int n : {2, 3}) {
+    for (const Bad& bad : bads) {
+      for (int bad_rank : {0, n - 1}) {
+        CAPTURE(n);
+        const std::string var = bad.var;
+        CAPTURE(var);
+        CAPTURE(bad_rank);
+        const std::string job = test::unique_job_id("badset");
+        const int late = n == 3 ? 1 : -1;  // a good rank either way
+        auto st = test::run_processes(
+            n,
+            [&](int r) {
+              setenv("SHMRING_TIMEOUT", "30", 1);
+              if (r == bad_rank) setenv(bad.var, bad.value, 1);
+              if (r == late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+              Options o;
+              o.rank = r;
+              o.world_size = n;
+              o.job_id = job;
+              const auto t0 = std::chrono::steady_clock::now();
+              try {
+                Communicator comm(o);
+                SHMRING_CHILD_CHECK(false, "rank %d: started although rank %d has %s=%s", r,
+                                    bad_rank, bad.var, bad.value);
+              } catch (const InvalidArgumentError& e) {
+                const std::string who = "rank " + std::to_string(bad_rank) + ": ";
+                SHMRING_CHILD_CHECK(contains(e.what(), who) && contains(e.what(), bad.var),
+                                    "rank %d: the message names neither '%s' nor %s: %s", r,
+                                    who.c_str(), bad.var, e.what());
+              } catch (const Error& e) {
+                SHMRING_CHILD_CHECK(false, "rank %d: after %.1f s, not InvalidArgumentError: %s", r,
+                                    since_s(t0), e.what());
+              }
+              SHMRING_CHILD_CHECK(since_s(t0) < 10, "rank %d: failed only after %.1f s", r,
+                                  since_s(t0));
+            },
+            60);
+        CHECK(test::all_zero(st));
+        CHECK(!fs::exists(shm_path(job)));
+      }
+    }
+  }
+}
