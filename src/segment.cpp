@@ -1004,8 +1004,13 @@ void Segment::wait_all_attached(std::chrono::steady_clock::time_point deadline) 
     }
     sleep_backoff(it);
   }
-  // Complete, but perhaps only because a refusing rank counted itself.
-  if (auto a = read_abort(h)) {
+  // Complete, but perhaps only because a refusing rank counted itself: it
+  // never registers. An abort recorded by a registered rank comes from a
+  // collective that the ranks done attaching already started (a rank that
+  // refused its arguments in collective #0): that collective reports it.
+  if (auto a = read_abort(h);
+      a && a->rank >= 0 && a->rank < world_size_ &&
+      rank_area(a->rank).info.state.load(std::memory_order_acquire) == kRankAbsent) {
     unlink_name();
     throw_error(static_cast<ErrorCode>(a->code), a->reason);
   }
