@@ -25,7 +25,12 @@
 //                         bfloat16's subnormals);
 //   float32 -> float16    vcvtps2ph with round to nearest even; a NaN becomes
 //                         the portable loops' quiet NaN (sign | 0x7e00).
-// The tails of fewer than one vector go to the portable loops.
+// Two 16-bit inputs summed (or averaged: halved) need no float64: the sum
+// of two float16 or bfloat16 values rounded to float32 rounds to the same
+// 16-bit value as the exact sum (docs/design/accuracy.md gives the
+// argument), so those steps run 16 (8) float32 lanes a vector instead of
+// 8 (4) float64 ones. The tails of fewer than one vector go to the
+// portable loops.
 
 #include "kernels/wide.hpp"
 #include "kernels/wide_kernels.hpp"
@@ -65,14 +70,19 @@ struct V {
   __m512d lo, hi;
 };
 
+// 16 16-bit values as float32 (exact).
+template <bool Bf16>
+inline __attribute__((always_inline)) __m512 load16f(const unsigned char* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  if constexpr (Bf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  else
+    return _mm512_cvtph_ps(h);
+}
+
 template <bool Bf16>
 inline __attribute__((always_inline)) V load16(const unsigned char* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  __m512 f;
-  if constexpr (Bf16)
-    f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  else
-    f = _mm512_cvtph_ps(h);
+  const __m512 f = load16f<Bf16>(p);
   return {_mm512_cvtps_pd(_mm512_castps512_ps256(f)),
           _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)))};
 }
@@ -106,10 +116,9 @@ inline __attribute__((always_inline)) __m256i round_to_odd(__m512d x) {
   return _mm256_mask_or_epi32(b, inexact, b, _mm256_set1_epi32(1));
 }
 
+// 16 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
-inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
-  const __m512i u =
-      _mm512_inserti64x4(_mm512_castsi256_si512(round_to_odd(v.lo)), round_to_odd(v.hi), 1);
+inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u) {
   const __m512i high = _mm512_srli_epi32(u, 16);
   __m256i h;
   if constexpr (Bf16) {
@@ -129,6 +138,29 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
     h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(quiet));
   }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
+  store16f<Bf16>(
+      p, _mm512_inserti64x4(_mm512_castsi256_si512(round_to_odd(v.lo)), round_to_odd(v.hi), 1));
+}
+
+// The sum of two 16-bit values, or of their halves (avg), rounded once in
+// float32: the correctly rounded result (docs/design/accuracy.md, "Two
+// 16-bit inputs").
+template <bool Bf16, bool Half>
+void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned char* y,
+                      std::size_t n) {
+  for (std::size_t i = 0; i < n; i += kLanes) {
+    __m512 a = load16f<Bf16>(x + 2 * i), b = load16f<Bf16>(y + 2 * i);
+    if constexpr (Half) {  // halve first: the sum of two may pass float32's range
+      a = _mm512_mul_ps(a, _mm512_set1_ps(0.5f));
+      b = _mm512_mul_ps(b, _mm512_set1_ps(0.5f));
+    }
+    const __m512 s = _mm512_add_ps(a, b);
+    store16f<Bf16>(d + 2 * i, _mm512_castps_si512(s));
+  }
 }
 
 template <bool Bf16, class Op, bool AWide>
@@ -156,6 +188,12 @@ void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q)
   const std::size_t xs = AWide ? kWideBytes : 2;
   const __m512d qv = _mm512_set1_pd(q);
   std::size_t i = 0;
+  if constexpr (!AWide && std::is_same_v<Op, Add>) {
+    if (!Divide || q == 2.0) {
+      i = n / kLanes * kLanes;
+      pair_sum_float32<Bf16, Divide>(d, x, y, i);
+    }
+  }
   for (; i + kLanes <= n; i += kLanes) {
     const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
     V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));
@@ -208,14 +246,19 @@ struct V {
   __m256d lo, hi;
 };
 
+// 8 16-bit values as float32 (exact).
+template <bool Bf16>
+inline __attribute__((always_inline)) __m256 load16f(const unsigned char* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (Bf16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  else
+    return _mm256_cvtph_ps(h);
+}
+
 template <bool Bf16>
 inline __attribute__((always_inline)) V load16(const unsigned char* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  __m256 f;
-  if constexpr (Bf16)
-    f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  else
-    f = _mm256_cvtph_ps(h);
+  const __m256 f = load16f<Bf16>(p);
   return {_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))};
 }
 
@@ -261,9 +304,9 @@ inline __attribute__((always_inline)) __m128i round_to_odd(__m256d x) {
   return _mm_or_si128(b, _mm_and_si128(inexact, one));
 }
 
+// 8 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
-inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
-  const __m256i u = _mm256_set_m128i(round_to_odd(v.hi), round_to_odd(v.lo));
+inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u) {
   const __m256i high = _mm256_srli_epi32(u, 16);
   __m128i h;
   if constexpr (Bf16) {
@@ -288,6 +331,26 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
     h = _mm_blendv_epi8(h, quiet16, nan16);
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
+  store16f<Bf16>(p, _mm256_set_m128i(round_to_odd(v.hi), round_to_odd(v.lo)));
+}
+
+// As avx512::pair_sum_float32.
+template <bool Bf16, bool Half>
+void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned char* y,
+                      std::size_t n) {
+  for (std::size_t i = 0; i < n; i += kLanes) {
+    __m256 a = load16f<Bf16>(x + 2 * i), b = load16f<Bf16>(y + 2 * i);
+    if constexpr (Half) {
+      a = _mm256_mul_ps(a, _mm256_set1_ps(0.5f));
+      b = _mm256_mul_ps(b, _mm256_set1_ps(0.5f));
+    }
+    const __m256 s = _mm256_add_ps(a, b);
+    store16f<Bf16>(d + 2 * i, _mm256_castps_si256(s));
+  }
 }
 
 template <bool Bf16, class Op, bool AWide>
@@ -315,6 +378,12 @@ void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q)
   const std::size_t xs = AWide ? kWideBytes : 2;
   const __m256d qv = _mm256_set1_pd(q);
   std::size_t i = 0;
+  if constexpr (!AWide && std::is_same_v<Op, Add>) {
+    if (!Divide || q == 2.0) {
+      i = n / kLanes * kLanes;
+      pair_sum_float32<Bf16, Divide>(d, x, y, i);
+    }
+  }
   for (; i + kLanes <= n; i += kLanes) {
     const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
     V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));

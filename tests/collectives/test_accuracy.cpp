@@ -173,11 +173,12 @@ TEST_CASE("wide kernels: every 16-bit input widens exactly, unaligned, odd lengt
   }
 }
 
-// Every table of 16-bit kernels this CPU runs: the portable loops and the
-// x86 vector kernels where present (kernels/wide_kernels.hpp).
+// Every table of 16-bit kernels this CPU runs: the portable loops, and the
+// x86 vector kernels or the SVE copy where present (kernels/wide_kernels.hpp).
 std::vector<const detail::WideKernels*> wide_tables() {
   std::vector<const detail::WideKernels*> v{&detail::wide_kernels_portable()};
-  for (const detail::WideKernels* t : {detail::wide_kernels_avx2(), detail::wide_kernels_avx512()})
+  for (const detail::WideKernels* t :
+       {detail::wide_kernels_avx2(), detail::wide_kernels_avx512(), detail::wide_kernels_sve()})
     if (t) v.push_back(t);
   return v;
 }
@@ -260,6 +261,69 @@ TEST_CASE("the final rounding of every 16-bit kernel is correct at and around ev
         REQUIRE_MESSAGE(load16(out, i) == encode16(t, want[i]), std::string(k->isa), " ", name(t),
                         " many: sum=", want[i], ": 0x", std::hex, load16(out, i), " want 0x",
                         encode16(t, want[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("two 16-bit inputs: every table's sum and avg are the exact result rounded once") {
+  // The vector kernels sum two 16-bit inputs in float32 (kernels/wide_x86.cpp,
+  // docs/design/accuracy.md). Every finite encoding a against partners b
+  // that put a + b on, just off, or far from a 16-bit midpoint: half an ulp
+  // of a (plus or minus a little), values 12 to 20 binades below a, and
+  // random encodings; sum and avg (of two), against the float64 reference.
+  std::uint64_t state = 0x2545f4914f6cdd1dull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (DataType t : {DataType::float16, DataType::bfloat16}) {
+    const bool bf = t == DataType::bfloat16;
+    const int p = bf ? 8 : 11;
+    const std::uint32_t last = bf ? 0x7f7f : 0x7bff;
+    std::vector<std::uint16_t> as, bs;
+    for (std::uint32_t h = 0; h <= last; h += bf ? 1 : 3) {
+      const double a = decode16(t, static_cast<std::uint16_t>(h));
+      int e;
+      std::frexp(a == 0 ? 1.0 : a, &e);
+      std::vector<double> partners;
+      const double half_ulp = std::ldexp(1.0, e - 1 - p);
+      for (double k : {1.0, 1.0 + 1.0 / 8, 1.0 - 1.0 / 8, 3.0, 0.5})
+        partners.push_back(half_ulp * k);
+      for (int below = 12; below <= 20; ++below) partners.push_back(std::ldexp(1.0, e - below));
+      for (double b : partners)
+        for (double sb : {b, -b}) {
+          const std::uint16_t hb = encode16(t, sb);
+          for (std::uint16_t sa :
+               {static_cast<std::uint16_t>(h), static_cast<std::uint16_t>(h | 0x8000u)}) {
+            as.push_back(sa);
+            bs.push_back(hb);
+          }
+        }
+      for (int r = 0; r < 2; ++r) {
+        as.push_back(static_cast<std::uint16_t>(h));
+        bs.push_back(static_cast<std::uint16_t>(next()));
+      }
+    }
+    const std::size_t n = as.size();
+    std::vector<unsigned char> out(2 * n);
+    for (const detail::WideKernels* k : wide_tables()) {
+      for (int form : {0, 2}) {
+        k->to_narrow[bf][form][0](out.data(), as.data(), bs.data(), n, form == 2 ? 2.0 : 1.0);
+        for (std::size_t i = 0; i < n; ++i) {
+          const double x = decode16(t, as[i]), y = decode16(t, bs[i]);
+          const double exact = form == 2 ? (x + y) / 2 : x + y;  // exact in float64
+          const std::uint16_t got = load16(out, i);
+          if (std::isnan(exact)) {
+            REQUIRE(std::isnan(decode16(t, got)));
+            continue;
+          }
+          REQUIRE_MESSAGE(got == encode16(t, exact), std::string(k->isa), " ", std::string(name(t)),
+                          form == 2 ? " avg " : " sum ", x, " + ", y, ": 0x", std::hex, got,
+                          " want 0x", encode16(t, exact));
+        }
       }
     }
   }
