@@ -21,6 +21,14 @@
 
 namespace shmring::detail {
 
+#if defined(SHMRING_DISPATCH_SVE)
+namespace sve {  // this file again, built with +sve (kernels/target.hpp)
+const WideKernels& wide_kernels_portable();
+}  // namespace sve
+#endif
+
+SHMRING_KERNELS_BEGIN
+
 namespace {
 
 SHMRING_INLINE std::uint32_t bits_of(float f) {
@@ -251,7 +259,11 @@ const WideKernels kPortable = {
       {avg_16_16_to_bf16, avg_w_16_to_bf16}}},
     {{many_from_0<false, 0>, many_from_0<false, 1>, many_from_0<false, 2>},
      {many_from_0<true, 0>, many_from_0<true, 1>, many_from_0<true, 2>}},
+#if defined(SHMRING_KERNEL_COPY_SVE)
+    "sve"};
+#else
     "portable"};
+#endif
 
 int form_of(ReduceOp op, int divisor) {
   return op == ReduceOp::prod ? 1 : (divisor != 1 ? 2 : 0);
@@ -262,6 +274,9 @@ const WideKernels& active() {
   static const WideKernels& k = []() -> const WideKernels& {
     if (const WideKernels* t = wide_kernels_avx512()) return *t;
     if (const WideKernels* t = wide_kernels_avx2()) return *t;
+#if defined(SHMRING_DISPATCH_SVE)
+    if (sve_available()) return sve::wide_kernels_portable();
+#endif
     return kPortable;
   }();
   return k;
@@ -281,6 +296,16 @@ const WideKernels* wide_kernels_avx2() {
 const WideKernels& wide_kernels_portable() {
   return kPortable;
 }
+
+#if !defined(SHMRING_KERNEL_COPY_SVE)
+const WideKernels* wide_kernels_sve() {
+#if defined(SHMRING_DISPATCH_SVE)
+  return sve_available() ? &sve::wide_kernels_portable() : nullptr;
+#else
+  return nullptr;
+#endif
+}
+#endif
 
 namespace portable {
 
@@ -343,4 +368,5 @@ std::uint16_t wide_to_bfloat16(double x) {
   return narrow<Bf16>(x);
 }
 
+SHMRING_KERNELS_END
 }  // namespace shmring::detail

@@ -72,7 +72,8 @@ void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::si
                            DataType dtype, ReduceOp op, int divisor);
 
 /// Which instruction set the 16-bit kernels run with here: "avx512",
-/// "avx2" (with F16C) or "portable" (the plain loops of kernels/wide.cpp).
+/// "avx2" (with F16C), "sve" (the plain loops of kernels/wide.cpp compiled
+/// for SVE) or "portable" (those loops for the baseline: NEON on AArch64).
 const char* wide_kernel_isa();
 
 /// The one rounding, exposed for tests: float64 -> float16 / bfloat16 bits,

@@ -30,6 +30,9 @@ const WideKernels* wide_kernels_avx512();
 const WideKernels* wide_kernels_avx2();
 /// The portable loops as a table (kernels/wide.cpp).
 const WideKernels& wide_kernels_portable();
+/// The same loops compiled for SVE (AArch64 CPUs that have it; nullptr
+/// elsewhere): kernels/target.hpp's second copy of the kernel files.
+const WideKernels* wide_kernels_sve();
 
 namespace portable {
 
