@@ -238,8 +238,9 @@ struct Communicator::Impl {
   /// Picks the algorithm for a collective whose largest per-rank buffer in
   /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
   /// a payload too big for the direct buffers goes by ring, except an
-  /// allreduce whose ring would carry float64 partials, `wide`: a float16 or
-  /// bfloat16 sum, prod or avg at N > 2, which takes the two-shot rounds).
+  /// allreduce at N > 2 whose ring would carry float64 partials, `wide`: a
+  /// float16 or bfloat16 sum, prod or avg, or whose ranks share CPUs: those
+  /// take the two-shot rounds).
   Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes,
                    bool wide = false) const;
   /// Throws InvalidArgumentError in a process forked (without exec) from the

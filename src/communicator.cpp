@@ -278,10 +278,22 @@ Algorithm Communicator::Impl::choose(CollectiveKind kind, std::uint64_t payload,
     return Algorithm::two_shot;  // any size: the rounds carry what the buffer cannot
   if (forced_algorithm == Algorithm::ring) return Algorithm::ring;
   if (payload > seg->direct_bytes()) {
-    // A 16-bit sum at N > 2: the ring's reduce-scatter would carry float64
-    // partials, 4x the bytes of the data; the two-shot rounds reduce every
-    // rank's 16-bit copy in registers instead (two_shot.cpp).
-    if (kind == CollectiveKind::allreduce && wide && size > 2 && !forced_algorithm)
+    // Past the direct buffer at N > 2, the two-shot rounds (two_shot.cpp)
+    // where measured faster than the ring (docs/design/algorithms.md):
+    //   - a 16-bit sum, prod or avg: the ring's reduce-scatter would carry
+    //     float64 partials, 4x the data's bytes; the rounds reduce every
+    //     rank's 16-bit copy in registers. N=4 on the 2-CPU VM, bfloat16:
+    //     1 MiB 356 us against 1457 with the ring, 64 MiB 26.5 ms against 84.
+    //   - ranks that share CPUs: two synchronisations a round instead of
+    //     2(N-1) ring steps a slice, each a likely context switch. float32,
+    //     2-CPU VM, ring / rounds, us: N=3 128 KiB 46 / 43, 1 MiB 334 / 226,
+    //     16 MiB 5755 / 4035; N=4 256 KiB 108 / 87, 1 MiB 405 / 297, 64 MiB
+    //     34313 / 19979; N=8 1 MiB 1078 / 780, 16 MiB 18779 / 10190.
+    //   At N=2 the ring's two steps stay ahead (float32 1 MiB 69 / 83 us);
+    //   ranks on CPUs of their own keep the ring for other datatypes until
+    //   measured.
+    if (kind == CollectiveKind::allreduce && size > 2 && !forced_algorithm &&
+        (wide || config.oversubscribed))
       return Algorithm::two_shot;
     return Algorithm::ring;
   }
