@@ -104,8 +104,9 @@ inline __attribute__((always_inline)) V apply(V a, V b) {
     return {_mm512_add_pd(a.lo, b.lo), _mm512_add_pd(a.hi, b.hi)};
 }
 
-inline __attribute__((always_inline)) V divide(V a, __m512d q) {
-  return {_mm512_div_pd(a.lo, q), _mm512_div_pd(a.hi, q)};
+inline __attribute__((always_inline)) V divide(V a, double q) {
+  const __m512d qv = _mm512_set1_pd(q);
+  return {_mm512_div_pd(a.lo, qv), _mm512_div_pd(a.hi, qv)};
 }
 
 // float64 -> float32 bits, rounded to odd.
@@ -163,70 +164,7 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
   }
 }
 
-template <bool Bf16, class Op, bool AWide>
-void to_wide(void* dst, const void* a, const void* b, std::size_t n) {
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* x = static_cast<const unsigned char*>(a);
-  auto* y = static_cast<const unsigned char*>(b);
-  const std::size_t xs = AWide ? kWideBytes : 2;
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
-    store_wide(d + kWideBytes * i, apply<Op>(xv, load16<Bf16>(y + 2 * i)));
-  }
-  if (i < n)
-    portable::reduce_to_wide(d + kWideBytes * i, x + xs * i, AWide, y + 2 * i, n - i,
-                             Bf16 ? DataType::bfloat16 : DataType::float16,
-                             std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum);
-}
-
-template <bool Bf16, class Op, bool AWide, bool Divide>
-void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q) {
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* x = static_cast<const unsigned char*>(a);
-  auto* y = static_cast<const unsigned char*>(b);
-  const std::size_t xs = AWide ? kWideBytes : 2;
-  const __m512d qv = _mm512_set1_pd(q);
-  std::size_t i = 0;
-  if constexpr (!AWide && std::is_same_v<Op, Add>) {
-    if (!Divide || q == 2.0) {
-      i = n / kLanes * kLanes;
-      pair_sum_float32<Bf16, Divide>(d, x, y, i);
-    }
-  }
-  for (; i + kLanes <= n; i += kLanes) {
-    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
-    V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));
-    if constexpr (Divide) r = divide(r, qv);
-    store16<Bf16>(d + 2 * i, r);
-  }
-  if (i < n)
-    portable::reduce_to_narrow(d + 2 * i, x + xs * i, AWide, y + 2 * i, n - i,
-                               Bf16 ? DataType::bfloat16 : DataType::float16,
-                               std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum,
-                               Divide ? static_cast<int>(q) : 1);
-}
-
-template <bool Bf16, class Op, bool Divide>
-void many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n, double q) {
-  auto* d = static_cast<unsigned char*>(dst);
-  const __m512d qv = _mm512_set1_pd(q);
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const std::size_t off = 2 * i;
-    V acc = apply<Op>(load16<Bf16>(static_cast<const unsigned char*>(srcs[0]) + off),
-                      load16<Bf16>(static_cast<const unsigned char*>(srcs[1]) + off));
-    for (int s = 2; s < nsrc; ++s)
-      acc = apply<Op>(acc, load16<Bf16>(static_cast<const unsigned char*>(srcs[s]) + off));
-    if constexpr (Divide) acc = divide(acc, qv);
-    store16<Bf16>(d + off, acc);
-  }
-  if (i < n)
-    portable::reduce_many_to_narrow(
-        d + 2 * i, srcs, nsrc, i, n - i, Bf16 ? DataType::bfloat16 : DataType::float16,
-        std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum, Divide ? static_cast<int>(q) : 1);
-}
-
+#include "kernels/wide_x86_loops.inc"
 }  // namespace avx512
 }  // namespace
 
@@ -280,8 +218,9 @@ inline __attribute__((always_inline)) V apply(V a, V b) {
     return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)};
 }
 
-inline __attribute__((always_inline)) V divide(V a, __m256d q) {
-  return {_mm256_div_pd(a.lo, q), _mm256_div_pd(a.hi, q)};
+inline __attribute__((always_inline)) V divide(V a, double q) {
+  const __m256d qv = _mm256_set1_pd(q);
+  return {_mm256_div_pd(a.lo, qv), _mm256_div_pd(a.hi, qv)};
 }
 
 // The low 32 bits of each 64-bit lane of a compare result.
@@ -353,70 +292,7 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
   }
 }
 
-template <bool Bf16, class Op, bool AWide>
-void to_wide(void* dst, const void* a, const void* b, std::size_t n) {
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* x = static_cast<const unsigned char*>(a);
-  auto* y = static_cast<const unsigned char*>(b);
-  const std::size_t xs = AWide ? kWideBytes : 2;
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
-    store_wide(d + kWideBytes * i, apply<Op>(xv, load16<Bf16>(y + 2 * i)));
-  }
-  if (i < n)
-    portable::reduce_to_wide(d + kWideBytes * i, x + xs * i, AWide, y + 2 * i, n - i,
-                             Bf16 ? DataType::bfloat16 : DataType::float16,
-                             std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum);
-}
-
-template <bool Bf16, class Op, bool AWide, bool Divide>
-void to_narrow(void* dst, const void* a, const void* b, std::size_t n, double q) {
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* x = static_cast<const unsigned char*>(a);
-  auto* y = static_cast<const unsigned char*>(b);
-  const std::size_t xs = AWide ? kWideBytes : 2;
-  const __m256d qv = _mm256_set1_pd(q);
-  std::size_t i = 0;
-  if constexpr (!AWide && std::is_same_v<Op, Add>) {
-    if (!Divide || q == 2.0) {
-      i = n / kLanes * kLanes;
-      pair_sum_float32<Bf16, Divide>(d, x, y, i);
-    }
-  }
-  for (; i + kLanes <= n; i += kLanes) {
-    const V xv = AWide ? load_wide(x + xs * i) : load16<Bf16>(x + xs * i);
-    V r = apply<Op>(xv, load16<Bf16>(y + 2 * i));
-    if constexpr (Divide) r = divide(r, qv);
-    store16<Bf16>(d + 2 * i, r);
-  }
-  if (i < n)
-    portable::reduce_to_narrow(d + 2 * i, x + xs * i, AWide, y + 2 * i, n - i,
-                               Bf16 ? DataType::bfloat16 : DataType::float16,
-                               std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum,
-                               Divide ? static_cast<int>(q) : 1);
-}
-
-template <bool Bf16, class Op, bool Divide>
-void many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n, double q) {
-  auto* d = static_cast<unsigned char*>(dst);
-  const __m256d qv = _mm256_set1_pd(q);
-  std::size_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const std::size_t off = 2 * i;
-    V acc = apply<Op>(load16<Bf16>(static_cast<const unsigned char*>(srcs[0]) + off),
-                      load16<Bf16>(static_cast<const unsigned char*>(srcs[1]) + off));
-    for (int s = 2; s < nsrc; ++s)
-      acc = apply<Op>(acc, load16<Bf16>(static_cast<const unsigned char*>(srcs[s]) + off));
-    if constexpr (Divide) acc = divide(acc, qv);
-    store16<Bf16>(d + off, acc);
-  }
-  if (i < n)
-    portable::reduce_many_to_narrow(
-        d + 2 * i, srcs, nsrc, i, n - i, Bf16 ? DataType::bfloat16 : DataType::float16,
-        std::is_same_v<Op, Mul> ? ReduceOp::prod : ReduceOp::sum, Divide ? static_cast<int>(q) : 1);
-}
-
+#include "kernels/wide_x86_loops.inc"
 }  // namespace avx2
 }  // namespace
 
