@@ -314,9 +314,12 @@ TEST_CASE("more eager messages than the outbox holds, none received yet: some go
                             "%d of %d sends complete before any recv: expected some eager, "
                             "some waiting",
                             completed, kMsgs);
+        comm.barrier();  // only now may the receiver post its recvs
         for (auto& q : reqs) q.wait();
       } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        // Not a sleep: under qemu-user the 40 isends took longer than 50 ms,
+        // and the receiver had taken every message before the sender looked.
+        comm.barrier();
         for (int k = 0; k < kMsgs; ++k) {
           const int t = reverse ? kMsgs - 1 - k : k;
           std::vector<std::int64_t> in(kCount, -1);
