@@ -100,26 +100,32 @@ TEST_CASE("the test's own reference rounds like IEEE (sanity)") {
     }
 }
 
+// Every finite positive 16-bit value, the midpoint above it, and values
+// just off both (and their negatives): where a float64 -> float32 -> 16-bit
+// double rounding would land on the midpoint and tie to even, wrongly.
+std::vector<double> around_midpoints(DataType t) {
+  const std::uint32_t last = t == DataType::float16 ? 0x7bff : 0x7f7f;
+  std::vector<double> xs;
+  for (std::uint32_t h = 0; h <= last; ++h) {
+    const double lo = decode16(t, static_cast<std::uint16_t>(h));
+    const double hi = h == last ? 2 * lo - decode16(t, static_cast<std::uint16_t>(h - 1))
+                                : decode16(t, static_cast<std::uint16_t>(h + 1));
+    const double mid = (lo + hi) / 2;
+    const double tiny = std::ldexp(mid, -45);
+    for (double x : {lo, mid, mid + tiny, mid - tiny, std::nextafter(mid, 0.0),
+                     std::nextafter(mid, INFINITY), lo + tiny, hi - tiny})
+      for (double y : {x, -x}) xs.push_back(y);
+  }
+  return xs;
+}
+
 TEST_CASE("the one rounding float64 -> 16 bits is correct at and around every midpoint") {
-  // Just above or below a midpoint, a float64 -> float32 -> 16-bit double
-  // rounding would land on the midpoint and tie to even: wrong.
   for (DataType t : {DataType::float16, DataType::bfloat16}) {
-    const std::uint32_t last = t == DataType::float16 ? 0x7bff : 0x7f7f;
-    for (std::uint32_t h = 0; h <= last; ++h) {
-      const double lo = decode16(t, static_cast<std::uint16_t>(h));
-      const double hi = h == last ? 2 * lo - decode16(t, static_cast<std::uint16_t>(h - 1))
-                                  : decode16(t, static_cast<std::uint16_t>(h + 1));
-      const double mid = (lo + hi) / 2;
-      const double tiny = std::ldexp(mid, -45);
-      for (double x : {lo, mid, mid + tiny, mid - tiny, std::nextafter(mid, 0.0),
-                       std::nextafter(mid, INFINITY), lo + tiny, hi - tiny}) {
-        for (double y : {x, -x}) {
-          const std::uint16_t got =
-              t == DataType::float16 ? detail::wide_to_half(y) : detail::wide_to_bfloat16(y);
-          REQUIRE_MESSAGE(got == encode16(t, y), name(t), " ", y, ": 0x", std::hex, got, " want 0x",
-                          encode16(t, y));
-        }
-      }
+    for (double y : around_midpoints(t)) {
+      const std::uint16_t got =
+          t == DataType::float16 ? detail::wide_to_half(y) : detail::wide_to_bfloat16(y);
+      REQUIRE_MESSAGE(got == encode16(t, y), name(t), " ", y, ": 0x", std::hex, got, " want 0x",
+                      encode16(t, y));
     }
     const std::uint16_t inf = t == DataType::float16 ? 0x7c00 : 0x7f80;
     CHECK((t == DataType::float16 ? detail::wide_to_half(1e300)
@@ -199,18 +205,7 @@ TEST_CASE("the final rounding of every 16-bit kernel is correct at and around ev
   for (const detail::WideKernels* k : wide_tables()) {
     for (DataType t : {DataType::float16, DataType::bfloat16}) {
       const bool bf = t == DataType::bfloat16;
-      const std::uint32_t last = bf ? 0x7f7f : 0x7bff;
-      std::vector<double> xs;
-      for (std::uint32_t h = 0; h <= last; ++h) {
-        const double lo = decode16(t, static_cast<std::uint16_t>(h));
-        const double hi = h == last ? 2 * lo - decode16(t, static_cast<std::uint16_t>(h - 1))
-                                    : decode16(t, static_cast<std::uint16_t>(h + 1));
-        const double mid = (lo + hi) / 2;
-        const double tiny = std::ldexp(mid, -45);
-        for (double x : {lo, mid, mid + tiny, mid - tiny, std::nextafter(mid, 0.0),
-                         std::nextafter(mid, INFINITY)})
-          for (double y : {x, -x}) xs.push_back(y);
-      }
+      const std::vector<double> xs = around_midpoints(t);
       const std::size_t n = xs.size();
       // -0, not +0: x + (-0) is x for every x, -0 included.
       std::vector<unsigned char> zeros(2 * n), ones(2 * n), out(2 * n);
