@@ -397,8 +397,6 @@ void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std
 /// buffer is too small.
 void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
                                std::size_t count, DataType dtype, ReduceOp op);
-/// Elements of `dtype` that one round of allreduce_two_shot_rounds moves.
-std::size_t two_shot_piece_elems(const Communicator::Impl& c, DataType dtype);
 // Staged algorithms through the direct buffers, in rounds (staged.cpp).
 // Any world size (size 1: the local copy only).
 void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,

@@ -62,19 +62,14 @@ Piece piece_of(std::size_t count, std::size_t piece_elems, std::uint64_t j) {
 
 }  // namespace
 
-std::size_t two_shot_piece_elems(const Communicator::Impl& c, DataType dtype) {
-  const std::size_t half = c.seg->slots() * c.seg->slot_bytes() / 2;
-  return half / datatype_size(dtype);
-}
-
 void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
                                std::size_t count, DataType dtype, ReduceOp op) {
   const int n = c.size, me = c.rank;
   const std::size_t es = datatype_size(dtype);
-  const std::size_t piece_elems = two_shot_piece_elems(c, dtype);
+  const std::size_t half_bytes = c.seg->slots() * c.seg->slot_bytes() / 2;
+  const std::size_t piece_elems = half_bytes / es;
   const std::uint64_t rounds = (count + piece_elems - 1) / piece_elems;
   const std::uint64_t base = c.staged_rounds;
-  const std::size_t half_bytes = c.seg->slots() * c.seg->slot_bytes() / 2;
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
   auto half = [&](int q, std::uint64_t j) { return c.seg->slot(q, 0) + (j % 2) * half_bytes; };
