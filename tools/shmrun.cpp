@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
-#include "config.hpp"
-#include "segment.hpp"
+#include "base/config.hpp"
 #include "shmring/version.hpp"
 #include "shmrun_job.hpp"
+#include "transport/segment.hpp"
 
 namespace {
 

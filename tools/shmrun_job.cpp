@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "segment.hpp"
 #include "shmrun_output.hpp"
+#include "transport/segment.hpp"
 
 extern char** environ;
 

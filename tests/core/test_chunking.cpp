@@ -3,7 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "chunking.hpp"
+#include "core/chunking.hpp"
 
 using namespace shmring::detail;
 

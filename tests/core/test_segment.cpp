@@ -14,9 +14,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "config.hpp"
+#include "base/config.hpp"
 #include "harness.hpp"
-#include "segment.hpp"
+#include "transport/segment.hpp"
 
 using namespace shmring;
 namespace fs = std::filesystem;

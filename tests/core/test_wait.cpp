@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <new>
 
-#include "wait.hpp"
+#include "transport/wait.hpp"
 
 using namespace shmring::detail;
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "header_check.hpp"
+#include "transport/header_check.hpp"
 
 using namespace shmring::detail;
 

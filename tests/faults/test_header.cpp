@@ -12,10 +12,10 @@
 #include <cstring>
 #include <vector>
 
-#include "config.hpp"
+#include "base/config.hpp"
 #include "faults.hpp"
-#include "header_check.hpp"
-#include "segment.hpp"
+#include "transport/header_check.hpp"
+#include "transport/segment.hpp"
 
 using namespace shmring;
 using namespace shmring::detail;

@@ -18,7 +18,7 @@
 #include <span>
 #include <thread>
 
-#include "config.hpp"
+#include "base/config.hpp"
 #include "faults.hpp"
 #include "harness.hpp"
 

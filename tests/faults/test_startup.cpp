@@ -18,7 +18,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "config.hpp"
+#include "base/config.hpp"
 #include "faults.hpp"
 
 using namespace shmring;

@@ -1,0 +1,92 @@
+#pragma once
+
+// Tunables and rank discovery. Every tunable is read from one environment
+// variable, validated, and reported by SHMRING_DEBUG=INFO.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "shmring/communicator.hpp"
+
+namespace shmring::detail {
+
+inline constexpr std::size_t kDefaultSlots = 4;
+/// Most slots a ring edge may have (SHMRING_SLOTS); the descriptor ring
+/// (transport/layout.hpp kDescRing) is sized from it.
+inline constexpr std::size_t kMaxSlots = 62;
+inline constexpr std::size_t kDefaultSlotBytes = 256 * 1024;
+/// Most bytes one ring or chain step moves through a slot where the job is
+/// oversubscribed (Config::slice_bytes; apply_placement has the numbers).
+inline constexpr std::size_t kCrowdedSliceBytes = 64 * 1024;
+inline constexpr double kDefaultTimeoutS = 300.0;
+inline constexpr std::size_t kDefaultDirectBytes = 64 * 1024;
+
+/// Environment variable `name`, or nullopt when unset or empty.
+std::optional<std::string> env_string(const char* name);
+/// Integer in [lo, hi] from `name`; throws InvalidArgumentError naming the
+/// variable, the value and the range, then `why` (where the range comes
+/// from, e.g. "below LOCAL_WORLD_SIZE=2") when given.
+std::optional<long long> env_int(const char* name, long long lo, long long hi,
+                                 const std::string& why = {});
+std::optional<double> env_double(const char* name, double lo, double hi);
+
+/// Resolves options + environment + defaults into a Config (segment_name,
+/// segment_bytes and the placement-dependent fields are filled later: see
+/// apply_placement; until then threads == 0 and spin_us, yield_us < 0 mean
+/// "automatic"). Throws InvalidArgumentError.
+Config resolve_config(const Options& options);
+/// resolve_config in two steps: who this rank is (rank, world size, local
+/// rank and size, job id), then the settings. A rank whose identity is
+/// known can tell its peers why its settings failed (Segment's refusal).
+Config resolve_identity(const Options& options);
+void resolve_settings(const Options& options, Config& c);
+
+/// CPUs in this process's affinity mask (the online count if unreadable).
+int affinity_cpus();
+
+/// Fills the settings that depend on where the ranks run, once every rank
+/// has attached: `my_cpus` is this rank's affinity mask size, `job_cpus` the
+/// size of the union of all ranks' masks, `job_request` the ranks' combined
+/// Options::oversubscribed (-1 automatic, 0, 1: Segment::oversubscribed_request).
+/// Sets job_cpus and oversubscribed (the request, else ranks > job_cpus),
+/// slice_bytes (slot_bytes, at most kCrowdedSliceBytes when oversubscribed)
+/// and, unless set explicitly, spin_us and yield_us (no spin when
+/// oversubscribed) and threads (min(my_cpus, job_cpus / local ranks)).
+void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1);
+
+/// Why this process's job crowds the machine, known before a new
+/// communicator's ranks compare their CPUs; empty when nothing says so.
+/// Crowding is the job's, not one communicator's: ranks of a 2-rank
+/// communicator on 2 CPUs still share them with the job's other busy
+/// processes (MPI sub-communicators, torch subgroups, a communicator made
+/// beside the first). Two signs: a live communicator of this process is
+/// oversubscribed (CrowdedMark), or the launcher counts more ranks on this
+/// machine (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...) than it has
+/// CPUs online. A rank whose own setting is automatic publishes it as a
+/// request for 1, so that every rank of the communicator agrees
+/// (Segment::oversubscribed_request).
+std::string job_crowding_hint();
+
+/// Held by each communicator of this process that is oversubscribed, for
+/// its lifetime: job_crowding_hint() says so while any is held.
+class CrowdedMark {
+ public:
+  CrowdedMark();
+  ~CrowdedMark();
+  CrowdedMark(const CrowdedMark&) = delete;
+  CrowdedMark& operator=(const CrowdedMark&) = delete;
+};
+
+/// Stable identity of this host and boot: FNV-1a of hostname and boot id.
+std::uint64_t host_hash();
+
+/// "shmring-<uid>-<job id>-<host hash>".
+std::string segment_name(const std::string& job_id, std::uint64_t host);
+
+/// Job ids appear in file names: only [A-Za-z0-9._-], 1..64 characters.
+bool valid_job_id(const std::string& id);
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 14695981039346656037ull);
+
+}  // namespace shmring::detail

@@ -1,0 +1,437 @@
+#pragma once
+
+// Communicator internals shared by the collective algorithms.
+
+#include <tbb/task_arena.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/config.hpp"
+#include "base/placement.hpp"
+#include "shmring/communicator.hpp"
+#include "transport/layout.hpp"
+#include "transport/segment.hpp"
+#include "transport/wait.hpp"
+
+namespace shmring {
+
+/// Collective kinds, as published in descriptors (values travel in shared memory).
+enum class CollectiveKind : std::uint32_t {
+  allreduce = 1,
+  reduce_scatter = 2,
+  allgather = 3,
+  broadcast = 4,
+  reduce = 5,
+  barrier = 6,
+  alltoall = 7,
+  alltoallv = 8,
+  gather = 9,
+  scatter = 10,
+  allgatherv = 11,
+  reduce_scatter_v = 12,
+  invalid = 0xff,  ///< a call this rank rejected (bad arguments)
+};
+const char* to_string(CollectiveKind k);
+
+/// Which protocol moves a collective's data (published in the descriptor).
+enum class Algorithm : std::uint32_t {
+  ring = 1,         ///< pipelined slices around the ring (large messages)
+  direct = 2,       ///< one-shot: every rank publishes its data once, readers take it (small)
+  two_shot = 3,     ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
+  staged = 4,       ///< rounds through the direct buffers (alltoall, gather, ...; staged.cpp)
+  low_latency = 5,  ///< data, descriptor and sequence number in one cache line (tiny)
+};
+const char* to_string(Algorithm a);
+
+/// One collective call as this rank sees it.
+struct CollectiveDesc {
+  CollectiveKind kind;
+  std::uint64_t count;
+  DataType dtype;
+  ReduceOp op;
+  int root;
+  Algorithm algorithm = Algorithm::ring;
+  std::uint64_t vhash = 0;  ///< staged v-collectives: hash of the count vectors
+  std::uint64_t aux = 0;    ///< staged alltoallv: this rank's largest block to one peer, bytes
+};
+
+/// The count and displacement vectors of a v-collective (size() entries
+/// each, in elements), copied from the caller's spans so that a queued
+/// request does not depend on them. Unused vectors stay empty.
+struct VectorArgs {
+  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
+};
+
+/// One collective call, as the front (argument checks, descriptor, choice
+/// of algorithm; communicator.cpp) hands it to the engine (Impl::run,
+/// engine.cpp), which runs it on the caller's thread or on the progress
+/// thread. Buffers are the caller's; the engine borrows them until done.
+struct Op {
+  CollectiveDesc desc;  ///< kind invalid: a rejected call (publishes "invalid call")
+  const void* send = nullptr;
+  void* recv = nullptr;   ///< broadcast: the buffer
+  std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
+  std::shared_ptr<const VectorArgs> v = nullptr;  ///< alltoallv, allgatherv, reduce_scatter_v
+};
+
+namespace detail {
+class Engine;
+class P2p;
+}  // namespace detail
+
+struct Communicator::Impl {
+  ~Impl();  // engine.cpp: stops the progress thread before anything else goes
+  Config config;
+  // Argument copies of the v-collectives (collective_set.cpp), reused while
+  // no queued request holds them, and the front's scratch block lists: a
+  // blocking 16-byte alltoallv at N=2 spent a fifth of its time in malloc
+  // and free. Touched only by the calling thread (calls are serialized).
+  std::shared_ptr<VectorArgs> spare_vector_args;
+  std::vector<std::pair<std::size_t, std::size_t>> scratch_send_blocks, scratch_recv_blocks;
+  // config.algorithm as parsed once (SHMRING_ALGO): nullopt for "auto".
+  // choose() runs on every call; comparing strings there cost 5 ns of an
+  // 8-byte allreduce's 130.
+  std::optional<Algorithm> forced_algorithm;
+  std::unique_ptr<detail::Segment> seg;
+  // The constructor's settings step (communicator.cpp): every option and
+  // variable of this rank, checked before it attaches.
+  void settings(const Options& options);
+  bool asymmetric_fence_ok = false;  // register_asymmetric_fence() succeeded
+  // Held while this communicator is oversubscribed: the process's later
+  // communicators wait as crowded too (config.hpp job_crowding_hint).
+  std::optional<detail::CrowdedMark> crowded;
+  std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
+  detail::WaitPolicy wait_policy;
+  detail::Unstacker unstacker;
+  int published_cpu = -1;  // what my RankInfo::cpu says
+  int rank = 0, size = 1, left = 0, right = 0;
+
+  // Ring edge state, all in slices (never reset, like the shared counters).
+  std::uint64_t sent = 0;           // slices published into my slots (== my produced)
+  std::uint64_t recvd = 0;          // slices of my left neighbour consumed (== my consumed)
+  std::uint64_t collectives = 0;    // sequence number of the current / next collective
+  std::uint64_t splits = 0;         // split() calls so far (names sub-communicators)
+  std::uint64_t staged_rounds = 0;  // rounds of staged collectives so far (== my posted)
+  // done counter every rank must reach before a direct buffer is rewritten:
+  // a staged collective c reads both buffers, so it sets c + 1.
+  std::uint64_t staged_done_needed = 0;
+  // SHMRING_CMA: 0 never reads a peer's memory with process_vm_readv
+  // (cma.hpp); 1, the default, does where the kernel allows it. Point-to-
+  // point messages and the staged collectives' single-copy round use it.
+  int cma_mode = 1;
+  // SHMRING_CMA_LARGE: 1 takes the staged collectives' blocks past 256 KiB
+  // in one copy as well, 0 never; unset, the constructor decides by
+  // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
+  // off).
+  int cma_large = -1;
+  // Every rank registered for the asymmetric fence (wait.hpp,
+  // Config::asymmetric_fence): publish() needs no fence. False until the
+  // constructor has seen every rank attach, and where any rank's kernel
+  // refused or SHMRING_MEMBARRIER=0.
+  bool light_publish = false;
+  // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
+  // Messages that do not go eager (past kP2pEagerBytes, 16 KiB, or with the
+  // outbox full) were staged up to 64 KiB (an early guess): a ping-pong of
+  // 17-49 KiB (sendrecv_perf, N=2, Intel VM, eleventh session) took
+  // 3.9-7.6 us one way staged and 1.7-2.9 us in one copy (Open MPI, which
+  // reads its large messages the same way: 1.7-2.8).
+  std::size_t cma_min_bytes = 16 * 1024;
+  // Whether this rank can read every peer's memory (staged.cpp
+  // cma_capable): -1 not probed yet, else 0 or 1.
+  int cma_probed = -1;
+  // Small gathers leave early (staged.cpp gather_eager). Per direct buffer
+  // parity: collective + 1 of the last eager gather this rank ran on it (0:
+  // none) and the rank that read our buffer then (-1: we were the root).
+  std::uint64_t eager_at[2] = {0, 0};
+  int eager_reader[2] = {-1, -1};
+  // A non-root's eager gather whose root has not been confirmed yet:
+  // collective + 1 (0: none) and our descriptor of it. The next collective
+  // confirms it before it returns (check_eager_gather).
+  std::uint64_t eager_unchecked = 0;
+  CollectiveDesc eager_desc{};
+  /// Waits until the root of our unchecked eager gather finished it (or the
+  /// job aborted) and compares its descriptor with ours: a rank that left a
+  /// gather early fails at its next collective at the latest.
+  void check_eager_gather();
+  // A root's eager scatter (staged.cpp scatter_eager) whose non-roots it has
+  // not checked: collective + 1 (0: none) and our descriptor of it. The next
+  // collective's begin() checks them before we announce it.
+  std::uint64_t eager_scatter_unchecked = 0;
+  CollectiveDesc eager_scatter_desc{};
+  /// Waits until every rank announced our unchecked eager scatter and
+  /// compares its descriptor with ours.
+  void check_eager_scatter();
+  // Eager rings (staged.cpp "Eager rings"): our gathers as a non-root and
+  // scatters as the root that nobody has confirmed yet, at index c mod
+  // kEagerEntries: collective + 1 (0: none) and our descriptor of it.
+  struct EagerPending {
+    std::uint64_t coll1 = 0;
+    CollectiveDesc desc{};
+  };
+  EagerPending eager_pending[detail::kEagerEntries];
+  int eager_pending_count = 0;
+  // Every peer's `done` was at least this when we last read them all.
+  std::uint64_t eager_peers_done = 0;
+  // The collective in flight went through an eager ring (end() then skips
+  // the confirmations that need no wait).
+  bool eager_ring_call = false;
+  /// Confirms our pending eager-ring collectives c with c + 1 <= `must`
+  /// (waiting until their readers finished (gather) or started (scatter)
+  /// them), and those with c + 1 <= `may` whose readers already did; compares
+  /// their descriptors with ours: a mismatch fails.
+  void confirm_eager_ring(std::uint64_t must, std::uint64_t may);
+
+  // The collective in flight, for error messages.
+  std::optional<CollectiveDesc> current;
+  int step = -1;
+  // First error seen (the communicator refuses work afterwards).
+  std::optional<std::string> broken;
+
+  detail::RankArea& my_area() { return seg->rank_area(rank); }
+  detail::RankArea& area(int r) { return seg->rank_area(r); }
+
+  /// Called by every wait's slow path: throws on abort, on a dead `peer`
+  /// (unless `counter` reached `target` after all: a peer may publish its
+  /// last slice and exit) and past the deadline. `what` names what is
+  /// awaited, for the message.
+  void check_progress(int peer, const char* what, std::chrono::steady_clock::time_point deadline,
+                      const detail::Counter& counter, std::uint64_t target);
+  /// Waits until `counter` (owned by `peer`) reaches `target`. A wait that
+  /// does not succeed at once first makes sure we do not sit on `peer`'s
+  /// CPU (placement.hpp).
+  void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
+  /// Publishes a counter of this rank's (wait.hpp publish()).
+  void publish(detail::Counter& counter, std::uint64_t v) {
+    detail::publish(counter, v, light_publish);
+  }
+  /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
+  /// CPU of the job if it can. Returns false when we stay on peer's CPU.
+  bool keep_off_cpu_of(int peer);
+  /// How a blocking wait for `peer` (-1: several) goes, from wait_policy:
+  /// more ranks than CPUs, or `peer` stacked on our CPU: no spin, yield
+  /// (the CPU is what the awaited rank needs). Otherwise spin for the spin
+  /// and yield phases together, then sleep: a yield could only hand our
+  /// CPU to a task outside the job, for a whole scheduler slice.
+  detail::WaitPolicy policy_for(int peer);
+
+  // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
+  /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.
+  std::byte* acquire_send_slot();
+  /// Publishes the slot just filled: produced = ++sent.
+  void publish_send();
+  /// Waits until left's produced > recvd; returns left's slot (recvd mod K).
+  /// The first call of a collective also checks left's descriptor.
+  const std::byte* wait_recv_slot();
+  /// Frees the slot just read: consumed = ++recvd.
+  void release_recv();
+  bool left_checked = false;
+  bool right_checked = false;  // acquire_send_slot checked right's descriptor
+
+  // ---- Collective framing. ----
+  /// Picks the algorithm for a collective whose largest per-rank buffer in
+  /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
+  /// a payload too big for the direct buffers goes by ring, except an
+  /// allreduce at N > 2 whose ring would carry float64 partials, `wide`: a
+  /// float16 or bfloat16 sum, prod or avg, or whose ranks share CPUs: those
+  /// take the two-shot rounds).
+  Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes,
+                   bool wide = false) const;
+  /// Throws InvalidArgumentError in a process forked (without exec) from the
+  /// one that attached: only that process may use the rank.
+  void check_owner() const;
+  /// "rank R: communicator is unusable after an earlier error: <first error>".
+  std::string unusable_message() const;
+  /// Throws the job's recorded error: as itself if it is this rank's first
+  /// error, else as AbortedError(unusable_message()). Marks the communicator broken.
+  [[noreturn]] void rethrow_abort(const detail::AbortInfo& a);
+  /// Starts a collective: refuses a broken communicator, writes our
+  /// descriptor into its ring entry. The ring path announces at once; the
+  /// direct path after writing its data.
+  void begin(const CollectiveDesc& d);
+  /// Publishes announced = collective + 1 (descriptor and direct data visible).
+  void announce();
+  /// Compares peer's descriptor for this collective with ours; raises a
+  /// mismatch on every rank when they differ.
+  /// Fails the job: `peer` passed recv_counts other than ours (their hash,
+  /// CollectiveDesc::vhash, differs).
+  [[noreturn]] void fail_recv_counts(int peer);
+  void check_descriptor(int peer);
+  /// Waits for peer's announcement of this collective, then checks it.
+  void wait_announced(int peer);
+  /// Direct path: waits until every rank finished collective-2, so that our
+  /// direct buffer (collective mod 2) may be overwritten; returns it.
+  std::byte* acquire_direct_buffer();
+  /// Low-latency path: waits until every rank finished collective-2 unless
+  /// the previous collective was a low-latency one (whose lines prove it);
+  /// returns our line for this collective.
+  detail::LowLatencyLine& acquire_low_latency_line();
+  /// Waits for peer's low-latency line of this collective and checks the
+  /// descriptor in it; a peer that announced this collective by another path
+  /// (a mismatch) is reported as such. Returns peer's line.
+  const detail::LowLatencyLine& wait_low_latency(int peer);
+  /// The last collective whose every peer line this rank read (+1; 0: none).
+  std::uint64_t low_latency_read = 0;
+  /// Whether this low-latency collective published `announced` yet (it does
+  /// so when a wait leaves its spin phase, or at the end).
+  bool low_latency_announced = false;
+  /// Runs `checks`; on InvalidArgumentError publishes an "invalid call"
+  /// descriptor (so peers fail instead of waiting), ends the collective and
+  /// rethrows.
+  template <class F>
+  void validated(F&& checks);
+  [[noreturn]] void reject_call(const InvalidArgumentError& e);
+  /// Ends a collective: done = collective + 1.
+  void end();
+
+  /// Records `e` as the job's abort reason (first error wins), marks this
+  /// communicator broken, rethrows the job's first error.
+  [[noreturn]] void fail(const Error& e);
+
+  std::string describe(const CollectiveDesc& d) const;
+
+  // ---- Engine (engine.cpp). Front functions call execute/submit/reject;
+  // only run() touches the protocol state above, on one thread at a time. ----
+  /// Runs one collective (begin, algo::*, end) on the calling thread.
+  void run(const Op& op);
+  /// A blocking call: inline when nothing is pending, else queued and awaited.
+  void execute(const Op& op);
+  /// A non-blocking call: queued for the progress thread (started now if needed).
+  Request submit(const Op& op);
+  /// A call whose arguments were refused: tells the peers in call order
+  /// (inline, or as a queued marker), then throws `e` on this thread.
+  [[noreturn]] void reject(const InvalidArgumentError& e);
+  /// Publishes an "invalid call" descriptor for collective #collectives and
+  /// ends it (nothing when the communicator is broken).
+  void publish_rejected();
+  /// Collectives completed (mirror of `collectives` readable from any thread).
+  std::atomic<std::uint64_t> completed{0};
+  /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.
+  int progress_cpu = -1;
+  /// Null until the first non-blocking call. Reset first, in ~Impl.
+  std::unique_ptr<detail::Engine> engine;
+  /// Point-to-point (p2p.cpp), made on the first send/recv. Declared after
+  /// `engine`, so destroyed before anything else, while the segment is mapped.
+  std::once_flag p2p_once;
+  std::shared_ptr<detail::P2p> p2p;
+  // p2p.get() once made: every send/recv reads this instead of entering
+  // std::call_once, which sets two thread-locals of libstdc++ on each call.
+  std::atomic<detail::P2p*> p2p_made{nullptr};
+  /// A send/recv of this rank has thrown an error that broke the
+  /// communicator (p2p.cpp, "Ending early"): the job's first error was this
+  /// rank's first, so later calls throw AbortedError (rethrow_abort).
+  std::atomic<bool> p2p_failed{false};
+
+  // Parallel kernels inside this rank's arena.
+  void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,
+              int divisor = 1);
+  void copy(void* dst, const void* src, std::size_t bytes);
+  /// copy() into a slot that the right neighbour reads next: streaming
+  /// stores when config.nt_stores (see kernels/copy.hpp), fenced.
+  void copy_to_slot(std::byte* slot, const void* src, std::size_t bytes);
+
+  std::chrono::steady_clock::time_point deadline() const {
+    return std::chrono::steady_clock::now() +
+           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(config.timeout_s));
+  }
+};
+
+namespace algo {
+// Ring algorithms (ring.cpp): reduce-scatter and/or allgather passes.
+void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                    DataType dtype, ReduceOp op);
+void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
+                         std::size_t recv_count, DataType dtype, ReduceOp op);
+void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                    DataType dtype);
+/// allgatherv through the ring's slots: chunk k is block k of `recv` (its
+/// recv_counts[k] elements at recv_displs[k]), so the blocks may differ in
+/// size and sit anywhere in `recv`; rounds follow the largest block.
+void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                     DataType dtype);
+// Chain algorithms from / to a root (chain.cpp).
+void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                     int root);
+void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                  DataType dtype, ReduceOp op, int root);
+// One-shot small-message algorithms (direct.cpp).
+void allreduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                      DataType dtype, ReduceOp op);
+void reduce_scatter_direct(Communicator::Impl& c, const void* send, void* recv,
+                           std::size_t recv_count, DataType dtype, ReduceOp op);
+void allgather_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+                      DataType dtype);
+void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
+                      int root);
+void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                   DataType dtype, ReduceOp op, int root);
+void barrier_direct(Communicator::Impl& c);
+// One cache line per rank (low_latency.cpp).
+void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype, ReduceOp op);
+void barrier_low_latency(Communicator::Impl& c);
+/// allgather of at most kLowLatencyBytes per rank, alltoall of at most
+/// kLowLatencyBytes per rank's whole send buffer: the line carries it.
+void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                           DataType dtype);
+void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                          DataType dtype);
+/// alltoallv at N=2 whose blocks to and from the peer are each at most
+/// kLowLatencyBytes: the line carries our block for the peer.
+void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                           DataType dtype);
+/// allgatherv whose every block is at most kLowLatencyBytes.
+void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
+                            const VectorArgs& v, DataType dtype);
+void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                        DataType dtype, ReduceOp op);
+/// The two-shot allreduce for any size, in rounds of half the slot area
+/// (two_shot.cpp); the engine runs it where allreduce_two_shot's direct
+/// buffer is too small.
+void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
+                               std::size_t count, DataType dtype, ReduceOp op);
+// Staged algorithms through the direct buffers, in rounds (staged.cpp).
+// Any world size (size 1: the local copy only).
+void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                     DataType dtype);
+void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                      DataType dtype);
+void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                   DataType dtype, int root);
+void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                    DataType dtype, int root);
+void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+                       DataType dtype);
+/// allgather through the staged rounds and their single copy, as
+/// allgatherv_staged with equal blocks in rank order.
+void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+                      DataType dtype);
+void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
+                             const VectorArgs& v, DataType dtype, ReduceOp op);
+/// Bytes per lane when a direct buffer is cut into `lanes` equal lanes (a
+/// multiple of 16, so whole elements of every datatype); 0 if too small.
+std::size_t staged_lane_bytes(std::size_t buffer_bytes, int lanes);
+/// Hash of a count vector (equal vectors, equal hashes).
+std::uint64_t staged_vector_hash(const std::vector<std::size_t>& counts);
+/// This rank's term of the alltoallv pair sum (0 over all ranks when every
+/// recv_counts[j] of rank i equals send_counts[i] of rank j).
+std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_counts,
+                               const std::vector<std::size_t>& recv_counts);
+/// Fails the job: rank i sends `sent` elements to rank j by its send_counts,
+/// rank j expects `expected` by its recv_counts (alltoallv).
+[[noreturn]] void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
+                                          std::uint64_t expected);
+/// alltoallv at N=2 on the low-latency line: the descriptor word both ranks
+/// compute alike when they agree, the counts 0 -> 1 (low half) and 1 -> 0
+/// (high half), each at most kLowLatencyBytes elements.
+std::uint64_t alltoallv_line_word(int rank, const VectorArgs& v);
+}  // namespace algo
+
+}  // namespace shmring

@@ -1,0 +1,95 @@
+#include "core/reduce_steps.hpp"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
+#include <algorithm>
+
+#include "kernels/reduce.hpp"
+#include "kernels/wide.hpp"
+
+namespace shmring::algo {
+
+namespace {
+
+// As Communicator::Impl::reduce: below this many bytes a step runs on the
+// calling thread; above, in grains of about 64 KiB across the arena. The
+// 16-bit steps count every byte they touch (float64 partials are 4x their
+// elements), so a ring slice of slice_bytes / 8 elements still splits.
+constexpr std::size_t kParallelMinBytes = 256 * 1024;
+constexpr std::size_t kGrainBytes = 64 * 1024;
+// The direct path's float64 accumulator block: 16 KiB, stays in L1.
+constexpr std::size_t kBlockElems = 2048;
+
+// Runs f(begin, count) over [0, m) elements of `elem_bytes` bytes each.
+template <class F>
+void for_grains(Communicator::Impl& c, std::size_t m, std::size_t elem_bytes, F f) {
+  if (!c.arena || m * elem_bytes < kParallelMinBytes) {
+    f(std::size_t{0}, m);
+    return;
+  }
+  c.arena->execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, m, std::max<std::size_t>(1, kGrainBytes / elem_bytes)),
+        [&](const tbb::blocked_range<std::size_t>& r) { f(r.begin(), r.size()); },
+        tbb::static_partitioner());
+  });
+}
+
+}  // namespace
+
+bool partials_wide(DataType dtype, ReduceOp op, int n) {
+  return n > 2 && detail::reduces_wide(dtype, op);
+}
+
+std::size_t reduction_slice_elems(std::size_t slice_bytes, DataType dtype, ReduceOp op, int n) {
+  return slice_bytes / (partials_wide(dtype, op, n) ? detail::kWideBytes : datatype_size(dtype));
+}
+
+void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, bool src_partial,
+                  const std::byte* in, std::size_t m, DataType dtype, ReduceOp op) {
+  if (!detail::reduces_wide(dtype, op)) {
+    c.reduce(dst, src, in, m, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
+    return;
+  }
+  const std::size_t src_es = src_partial ? detail::kWideBytes : 2;
+  for_grains(c, m, src_es + 2 + detail::kWideBytes, [&](std::size_t i, std::size_t k) {
+    detail::reduce_to_wide(dst + i * detail::kWideBytes, src + i * src_es, src_partial, in + i * 2,
+                           k, dtype, op);
+  });
+}
+
+void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, bool src_partial,
+                const std::byte* in, std::size_t m, DataType dtype, ReduceOp op, int n) {
+  const int divisor = op == ReduceOp::avg ? n : 1;
+  if (!detail::reduces_wide(dtype, op)) {
+    c.reduce(out, src, in, m, dtype, op, divisor);
+    return;
+  }
+  const std::size_t src_es = src_partial ? detail::kWideBytes : 2;
+  for_grains(c, m, src_es + 2 + 2, [&](std::size_t i, std::size_t k) {
+    detail::reduce_to_narrow(out + i * 2, src + i * src_es, src_partial, in + i * 2, k, dtype, op,
+                             divisor);
+  });
+}
+
+void reduce_in_rank_order_blocks(Communicator::Impl& c, std::byte* out,
+                                 const std::function<const std::byte*(int)>& src, int nsrc,
+                                 std::size_t m, DataType dtype, ReduceOp op) {
+  const std::size_t es = datatype_size(dtype);
+  // Block by block, every rank's contribution to a block before the next
+  // block: the partial (in `out`, or the float64 accumulator) stays in cache.
+  auto run = [&](std::size_t begin, std::size_t count) {
+    alignas(64) detail::Wide acc[kBlockElems];
+    for (std::size_t i = begin; i < begin + count; i += kBlockElems) {
+      const std::size_t k = std::min(kBlockElems, begin + count - i);
+      const std::size_t off = i * es;
+      reduce_block_in_rank_order(
+          out + off, [&](int q) { return src(q) + off; }, nsrc, k, dtype, op, acc);
+    }
+  };
+  for_grains(c, m, es, run);
+}
+
+}  // namespace shmring::algo
