@@ -18,6 +18,7 @@
 // its raw input, positions 2..N-1 send float64 partials, and the root rounds
 // once (dividing by N for avg); slices are then slice_bytes / 8 elements.
 
+#include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"

@@ -31,6 +31,7 @@
 //   broadcast, reduce too: a rank that checked only the root could return
 //   the data of a root that other ranks disagree with.
 
+#include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"

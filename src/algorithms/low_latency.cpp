@@ -49,6 +49,7 @@
 
 #include <cstring>
 
+#include "algorithms/algorithms.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
 

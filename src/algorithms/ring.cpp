@@ -38,6 +38,7 @@
 #include <cstring>
 #include <functional>
 
+#include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"

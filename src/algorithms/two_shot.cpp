@@ -43,6 +43,7 @@
 
 #include <algorithm>
 
+#include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"

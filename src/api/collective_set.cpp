@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "algorithms/algorithms.hpp"
 #include "api/front_checks.hpp"
 #include "core/comm.hpp"
+#include "engine/tuning.hpp"
 
 namespace shmring {
 
@@ -22,17 +24,6 @@ using namespace front;
 namespace {
 
 constexpr std::size_t kMaxBytes = std::numeric_limits<std::size_t>::max() >> 2;
-
-// Impl::validated (communicator.cpp): a refused call is published to the
-// peers in call order, then thrown here.
-template <class F>
-void validated(Communicator::Impl& c, F&& checks) {
-  try {
-    checks();
-  } catch (const InvalidArgumentError& e) {
-    c.reject(e);
-  }
-}
 
 // A VectorArgs for the next call: the communicator's spare one when no
 // queued request still holds it (only the Impl's reference is left), else
@@ -148,7 +139,7 @@ Op make_alltoall(Communicator::Impl& c, const void* send, void* recv, std::size_
   });
   // The whole send buffer in one line when it fits (low_latency.cpp).
   const std::size_t payload = count * datatype_size(dtype) * static_cast<std::size_t>(c.size);
-  const Algorithm a = c.choose(CollectiveKind::alltoall, payload) == Algorithm::low_latency
+  const Algorithm a = engine::choose(c, CollectiveKind::alltoall, payload) == Algorithm::low_latency
                           ? Algorithm::low_latency
                           : Algorithm::staged;
   return {{CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, a}, send, recv};
@@ -271,7 +262,7 @@ Algorithm allgatherv_algorithm(const Communicator::Impl& c, const std::vector<st
   if (counts.empty() || c.size == 1) return Algorithm::staged;  // size 1: the local copy
   const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
   const std::size_t largest = *hi * es, smallest = *lo * es;
-  const Algorithm a = c.choose(CollectiveKind::allgather, largest);
+  const Algorithm a = engine::choose(c, CollectiveKind::allgather, largest);
   if (a == Algorithm::low_latency) return a;
   if (c.forced_algorithm == Algorithm::ring) return Algorithm::ring;
   constexpr std::size_t kRingFrom = std::size_t{2} << 20;

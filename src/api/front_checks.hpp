@@ -2,7 +2,7 @@
 
 // Argument checks of the front (communicator.cpp, collective_set.cpp). Each
 // throws InvalidArgumentError naming the rank, the collective, the value and
-// what was expected; call them inside Impl::validated() so that a refused
+// what was expected; call them inside validated() so that a refused
 // call is published to the peers.
 
 #include <cstddef>
@@ -24,5 +24,18 @@ void check_pointer(const Communicator::Impl& c, const char* what, const char* na
 void check_disjoint(const Communicator::Impl& c, const char* what, const void* a,
                     std::size_t a_bytes, const void* b, std::size_t b_bytes, const void* in_place,
                     const char* in_place_rule);
+
+/// Runs `checks`; a refused call (InvalidArgumentError) is published to the
+/// peers in call order, inline or queued behind pending requests
+/// (Impl::reject, engine/engine.cpp), then thrown on this thread, so that a
+/// bad argument on one rank is an error on every rank at once.
+template <class F>
+void validated(Communicator::Impl& c, F&& checks) {
+  try {
+    checks();
+  } catch (const InvalidArgumentError& e) {
+    c.reject(e);
+  }
+}
 
 }  // namespace shmring::front

@@ -15,71 +15,13 @@
 
 #include "base/config.hpp"
 #include "base/placement.hpp"
+#include "core/ops.hpp"
 #include "shmring/communicator.hpp"
 #include "transport/layout.hpp"
 #include "transport/segment.hpp"
 #include "transport/wait.hpp"
 
 namespace shmring {
-
-/// Collective kinds, as published in descriptors (values travel in shared memory).
-enum class CollectiveKind : std::uint32_t {
-  allreduce = 1,
-  reduce_scatter = 2,
-  allgather = 3,
-  broadcast = 4,
-  reduce = 5,
-  barrier = 6,
-  alltoall = 7,
-  alltoallv = 8,
-  gather = 9,
-  scatter = 10,
-  allgatherv = 11,
-  reduce_scatter_v = 12,
-  invalid = 0xff,  ///< a call this rank rejected (bad arguments)
-};
-const char* to_string(CollectiveKind k);
-
-/// Which protocol moves a collective's data (published in the descriptor).
-enum class Algorithm : std::uint32_t {
-  ring = 1,         ///< pipelined slices around the ring (large messages)
-  direct = 2,       ///< one-shot: every rank publishes its data once, readers take it (small)
-  two_shot = 3,     ///< direct reduce-scatter, then direct allgather (mid sizes, many ranks)
-  staged = 4,       ///< rounds through the direct buffers (alltoall, gather, ...; staged.cpp)
-  low_latency = 5,  ///< data, descriptor and sequence number in one cache line (tiny)
-};
-const char* to_string(Algorithm a);
-
-/// One collective call as this rank sees it.
-struct CollectiveDesc {
-  CollectiveKind kind;
-  std::uint64_t count;
-  DataType dtype;
-  ReduceOp op;
-  int root;
-  Algorithm algorithm = Algorithm::ring;
-  std::uint64_t vhash = 0;  ///< staged v-collectives: hash of the count vectors
-  std::uint64_t aux = 0;    ///< staged alltoallv: this rank's largest block to one peer, bytes
-};
-
-/// The count and displacement vectors of a v-collective (size() entries
-/// each, in elements), copied from the caller's spans so that a queued
-/// request does not depend on them. Unused vectors stay empty.
-struct VectorArgs {
-  std::vector<std::size_t> send_counts, send_displs, recv_counts, recv_displs;
-};
-
-/// One collective call, as the front (argument checks, descriptor, choice
-/// of algorithm; communicator.cpp) hands it to the engine (Impl::run,
-/// engine.cpp), which runs it on the caller's thread or on the progress
-/// thread. Buffers are the caller's; the engine borrows them until done.
-struct Op {
-  CollectiveDesc desc;  ///< kind invalid: a rejected call (publishes "invalid call")
-  const void* send = nullptr;
-  void* recv = nullptr;   ///< broadcast: the buffer
-  std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
-  std::shared_ptr<const VectorArgs> v = nullptr;  ///< alltoallv, allgatherv, reduce_scatter_v
-};
 
 namespace detail {
 class Engine;
@@ -235,14 +177,6 @@ struct Communicator::Impl {
   bool right_checked = false;  // acquire_send_slot checked right's descriptor
 
   // ---- Collective framing. ----
-  /// Picks the algorithm for a collective whose largest per-rank buffer in
-  /// shared memory would be `direct_payload_bytes` (SHMRING_ALGO forces one;
-  /// a payload too big for the direct buffers goes by ring, except an
-  /// allreduce at N > 2 whose ring would carry float64 partials, `wide`: a
-  /// float16 or bfloat16 sum, prod or avg, or whose ranks share CPUs: those
-  /// take the two-shot rounds).
-  Algorithm choose(CollectiveKind kind, std::uint64_t direct_payload_bytes,
-                   bool wide = false) const;
   /// Throws InvalidArgumentError in a process forked (without exec) from the
   /// one that attached: only that process may use the rank.
   void check_owner() const;
@@ -281,11 +215,6 @@ struct Communicator::Impl {
   /// Whether this low-latency collective published `announced` yet (it does
   /// so when a wait leaves its spin phase, or at the end).
   bool low_latency_announced = false;
-  /// Runs `checks`; on InvalidArgumentError publishes an "invalid call"
-  /// descriptor (so peers fail instead of waiting), ends the collective and
-  /// rethrows.
-  template <class F>
-  void validated(F&& checks);
   [[noreturn]] void reject_call(const InvalidArgumentError& e);
   /// Ends a collective: done = collective + 1.
   void end();
@@ -342,96 +271,5 @@ struct Communicator::Impl {
                std::chrono::duration<double>(config.timeout_s));
   }
 };
-
-namespace algo {
-// Ring algorithms (ring.cpp): reduce-scatter and/or allgather passes.
-void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                    DataType dtype, ReduceOp op);
-void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
-                         std::size_t recv_count, DataType dtype, ReduceOp op);
-void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
-                    DataType dtype);
-/// allgatherv through the ring's slots: chunk k is block k of `recv` (its
-/// recv_counts[k] elements at recv_displs[k]), so the blocks may differ in
-/// size and sit anywhere in `recv`; rounds follow the largest block.
-void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
-                     DataType dtype);
-// Chain algorithms from / to a root (chain.cpp).
-void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
-                     int root);
-void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                  DataType dtype, ReduceOp op, int root);
-// One-shot small-message algorithms (direct.cpp).
-void allreduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                      DataType dtype, ReduceOp op);
-void reduce_scatter_direct(Communicator::Impl& c, const void* send, void* recv,
-                           std::size_t recv_count, DataType dtype, ReduceOp op);
-void allgather_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
-                      DataType dtype);
-void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
-                      int root);
-void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                   DataType dtype, ReduceOp op, int root);
-void barrier_direct(Communicator::Impl& c);
-// One cache line per rank (low_latency.cpp).
-void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                           DataType dtype, ReduceOp op);
-void barrier_low_latency(Communicator::Impl& c);
-/// allgather of at most kLowLatencyBytes per rank, alltoall of at most
-/// kLowLatencyBytes per rank's whole send buffer: the line carries it.
-void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                           DataType dtype);
-void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                          DataType dtype);
-/// alltoallv at N=2 whose blocks to and from the peer are each at most
-/// kLowLatencyBytes: the line carries our block for the peer.
-void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
-                           DataType dtype);
-/// allgatherv whose every block is at most kLowLatencyBytes.
-void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
-                            const VectorArgs& v, DataType dtype);
-void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                        DataType dtype, ReduceOp op);
-/// The two-shot allreduce for any size, in rounds of half the slot area
-/// (two_shot.cpp); the engine runs it where allreduce_two_shot's direct
-/// buffer is too small.
-void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
-                               std::size_t count, DataType dtype, ReduceOp op);
-// Staged algorithms through the direct buffers, in rounds (staged.cpp).
-// Any world size (size 1: the local copy only).
-void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                     DataType dtype);
-void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
-                      DataType dtype);
-void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                   DataType dtype, int root);
-void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                    DataType dtype, int root);
-void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
-                       DataType dtype);
-/// allgather through the staged rounds and their single copy, as
-/// allgatherv_staged with equal blocks in rank order.
-void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                      DataType dtype);
-void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
-                             const VectorArgs& v, DataType dtype, ReduceOp op);
-/// Bytes per lane when a direct buffer is cut into `lanes` equal lanes (a
-/// multiple of 16, so whole elements of every datatype); 0 if too small.
-std::size_t staged_lane_bytes(std::size_t buffer_bytes, int lanes);
-/// Hash of a count vector (equal vectors, equal hashes).
-std::uint64_t staged_vector_hash(const std::vector<std::size_t>& counts);
-/// This rank's term of the alltoallv pair sum (0 over all ranks when every
-/// recv_counts[j] of rank i equals send_counts[i] of rank j).
-std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_counts,
-                               const std::vector<std::size_t>& recv_counts);
-/// Fails the job: rank i sends `sent` elements to rank j by its send_counts,
-/// rank j expects `expected` by its recv_counts (alltoallv).
-[[noreturn]] void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
-                                          std::uint64_t expected);
-/// alltoallv at N=2 on the low-latency line: the descriptor word both ranks
-/// compute alike when they agree, the counts 0 -> 1 (low half) and 1 -> 0
-/// (high half), each at most kLowLatencyBytes elements.
-std::uint64_t alltoallv_line_word(int rank, const VectorArgs& v);
-}  // namespace algo
 
 }  // namespace shmring

@@ -1,11 +1,8 @@
 #include "core/reduce_steps.hpp"
 
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
-
 #include <algorithm>
 
+#include "core/parallel.hpp"
 #include "kernels/reduce.hpp"
 #include "kernels/wide.hpp"
 
@@ -13,28 +10,15 @@ namespace shmring::algo {
 
 namespace {
 
-// As Communicator::Impl::reduce: below this many bytes a step runs on the
-// calling thread; above, in grains of about 64 KiB across the arena. The
-// 16-bit steps count every byte they touch (float64 partials are 4x their
-// elements), so a ring slice of slice_bytes / 8 elements still splits.
-constexpr std::size_t kParallelMinBytes = 256 * 1024;
-constexpr std::size_t kGrainBytes = 64 * 1024;
+// The 16-bit steps count every byte they touch in for_grains (float64
+// partials are 4x their elements), so a ring slice of slice_bytes / 8
+// elements still splits.
 // The direct path's float64 accumulator block: 16 KiB, stays in L1.
 constexpr std::size_t kBlockElems = 2048;
 
-// Runs f(begin, count) over [0, m) elements of `elem_bytes` bytes each.
 template <class F>
 void for_grains(Communicator::Impl& c, std::size_t m, std::size_t elem_bytes, F f) {
-  if (!c.arena || m * elem_bytes < kParallelMinBytes) {
-    f(std::size_t{0}, m);
-    return;
-  }
-  c.arena->execute([&] {
-    tbb::parallel_for(
-        tbb::blocked_range<std::size_t>(0, m, std::max<std::size_t>(1, kGrainBytes / elem_bytes)),
-        [&](const tbb::blocked_range<std::size_t>& r) { f(r.begin(), r.size()); },
-        tbb::static_partitioner());
-  });
+  detail::for_grains(c.arena.get(), m, elem_bytes, f);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include "algorithms/algorithms.hpp"
+
 #include <fmt/format.h>
 #include <pthread.h>
 #include <sched.h>

@@ -170,6 +170,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "algorithms/algorithms.hpp"
 #include "base/log.hpp"
 #include "core/comm.hpp"
 #include "core/reduce_steps.hpp"

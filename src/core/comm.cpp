@@ -1,0 +1,387 @@
+// The protocol every algorithm shares (core/comm.hpp): descriptors and
+// their checks, begin/announce/end of a collective, the waits with their
+// failure checks, and the job-wide abort. docs/design/protocols.md gives the
+// steps; docs/design/segment.md the words in shared memory.
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/log.hpp"
+#include "base/placement.hpp"
+#include "core/comm.hpp"
+
+namespace shmring {
+
+using detail::Clock;
+
+const char* to_string(Algorithm a) {
+  switch (a) {
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::direct:
+      return "direct";
+    case Algorithm::two_shot:
+      return "two-shot";
+    case Algorithm::low_latency:
+      return "low-latency";
+    case Algorithm::staged:
+      return "staged";
+  }
+  return "unknown";
+}
+
+const char* to_string(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::allreduce:
+      return "allreduce";
+    case CollectiveKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveKind::allgather:
+      return "allgather";
+    case CollectiveKind::broadcast:
+      return "broadcast";
+    case CollectiveKind::reduce:
+      return "reduce";
+    case CollectiveKind::barrier:
+      return "barrier";
+    case CollectiveKind::alltoall:
+      return "alltoall";
+    case CollectiveKind::alltoallv:
+      return "alltoallv";
+    case CollectiveKind::gather:
+      return "gather";
+    case CollectiveKind::scatter:
+      return "scatter";
+    case CollectiveKind::allgatherv:
+      return "allgatherv";
+    case CollectiveKind::reduce_scatter_v:
+      return "reduce_scatter_v";
+    case CollectiveKind::invalid:
+      return "an invalid call";
+  }
+  return "unknown";
+}
+
+std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
+  if (d.kind == CollectiveKind::invalid) return "an invalid call (rejected its arguments)";
+  if (d.kind == CollectiveKind::barrier) return "barrier()";
+  if (d.kind == CollectiveKind::alltoallv || d.kind == CollectiveKind::allgatherv)
+    return fmt::format("{}({})", to_string(d.kind), to_string(d.dtype));
+  if (d.kind == CollectiveKind::reduce_scatter_v)
+    return fmt::format("{}({}, {})", to_string(d.kind), to_string(d.dtype), to_string(d.op));
+  std::string s = fmt::format("{}(count={}, {}", to_string(d.kind), d.count, to_string(d.dtype));
+  if (d.kind == CollectiveKind::allreduce || d.kind == CollectiveKind::reduce ||
+      d.kind == CollectiveKind::reduce_scatter)
+    s += fmt::format(", {}", to_string(d.op));
+  if (d.kind == CollectiveKind::broadcast || d.kind == CollectiveKind::reduce ||
+      d.kind == CollectiveKind::gather || d.kind == CollectiveKind::scatter)
+    s += fmt::format(", root={}", d.root);
+  return s + ")";
+}
+
+void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_point deadline,
+                                        const detail::Counter& counter, std::uint64_t target) {
+  if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
+  std::string where = current
+                          ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
+                                        step < 0 ? ", at its start, step 0: before any data moved"
+                                                 : fmt::format(", step {}", step))
+                          : "";
+  if (!seg->rank_alive(peer)) {
+    if (counter.value.load(std::memory_order_acquire) >= target) return;
+    bool clean = area(peer).info.state.load(std::memory_order_acquire) == detail::kRankFinalized;
+    fail(PeerFailureError(
+        fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited for {} in {}", rank, peer,
+                    area(peer).info.pid.load(), clean ? "destroyed its communicator" : "died", rank,
+                    what, where)));
+  }
+  if (Clock::now() >= deadline) {
+    // Whoever times out first speaks for the job: name the ranks that never
+    // started this collective, the usual culprits, not just our neighbour.
+    std::string late;
+    for (int r = 0; r < size; ++r)
+      if (area(r).announced.value.load(std::memory_order_acquire) < collectives + 1)
+        late += fmt::format("{}{}", late.empty() ? "" : ", ", r);
+    fail(TimeoutError(fmt::format(
+        "rank {}: timed out after {} s waiting for {} of rank {} in {}{} (SHMRING_TIMEOUT sets "
+        "the limit)",
+        rank, config.timeout_s, what, peer, where,
+        late.empty()
+            ? ""
+            : fmt::format("; rank(s) {} never started collective #{}", late, collectives))));
+  }
+}
+
+bool Communicator::Impl::keep_off_cpu_of(int peer) {
+  int cpu = detail::current_cpu();
+  if (cpu != published_cpu) {
+    my_area().info.cpu.store(cpu, std::memory_order_relaxed);
+    published_cpu = cpu;
+  }
+  if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
+  // One mover at a time; whoever loses the claim stays (and skips its spin).
+  auto& mover = seg->header().mover;
+  std::uint32_t none = 0;
+  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
+                                     std::memory_order_acq_rel))
+    return false;
+  int moved = -1;
+  bool stacked = area(peer).info.cpu.load(std::memory_order_acquire) == cpu;
+  if (stacked) {
+    moved = unstacker.move_off(
+        cpu,
+        [&](int c) {
+          for (int r = 0; r < size; ++r)
+            if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
+          return false;
+        },
+        [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
+    if (moved >= 0) stacked = false;
+  }
+  published_cpu = moved >= 0 ? moved : cpu;
+  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
+  mover.store(0, std::memory_order_release);
+  return !stacked;
+}
+
+detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
+  detail::WaitPolicy policy = wait_policy;
+  if (config.oversubscribed) return policy;  // spin 0 (apply_placement): yield, then sleep
+  if (peer >= 0 && !keep_off_cpu_of(peer)) {
+    // Spinning only pays while the peer runs on a CPU of its own; on ours it
+    // would only delay the peer (placement.hpp).
+    policy.spin_ns = 0;
+    return policy;
+  }
+  // The progress thread spins and yields as configured, for at most 200 us:
+  // the CPU it would hold may be the one its own rank's compute thread
+  // needs (as its idle polling, engine.cpp, and p2p's waits).
+  if (detail::t_helper_thread) {
+    policy.yield_ns = std::min(policy.yield_ns, detail::kHelperMaxYieldNs);
+    return policy;
+  }
+  // The peer runs elsewhere: yielding gains it nothing, and with a task of
+  // another program runnable here (foreign load) sched_yield hands that task
+  // our CPU until its slice ends, while the peer's answer waits. Measured
+  // under one busy loop per CPU on the 2-core VM (this policy against the
+  // old one and Open MPI, which never yields; 4 interleaved runs each):
+  // send/recv 64 KiB 14-83 us vs 823-3366 vs 14-173; allreduce 64 KiB
+  // 15-19 vs 15-153 vs 17-397 (bench/README.md). Without foreign load a
+  // spin and a yield loop cost the same.
+  policy.spin_ns += policy.yield_ns;
+  policy.yield_ns = 0;
+  return policy;
+}
+
+void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
+                                      const char* what) {
+  if (counter.value.load(std::memory_order_acquire) >= target) return;
+  detail::WaitPolicy policy = policy_for(peer);
+  // The deadline bounds each wait, not the whole collective: a huge buffer
+  // may take longer than SHMRING_TIMEOUT while every step makes progress.
+  // It starts at the first slow check, after the spin and yield phases.
+  std::optional<Clock::time_point> wait_deadline;
+  detail::wait_at_least(counter, target, policy, [&] {
+    if (!wait_deadline) wait_deadline = deadline();
+    check_progress(peer, what, *wait_deadline, counter, target);
+  });
+}
+
+std::string Communicator::Impl::unusable_message() const {
+  return fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank,
+                     broken.value_or("unknown"));
+}
+
+void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
+  // A rank's first error carries the job's first error (its class and its
+  // words); every later one reads "unusable after an earlier error" on every
+  // rank alike, whichever error this rank saw first.
+  // This rank's own InvalidArgumentError was its first error when the job's
+  // is the mismatch its peers found in that rejected call.
+  const bool blames_my_call =
+      a.code == static_cast<std::uint32_t>(ErrorCode::mismatch) &&
+      a.reason.find(fmt::format("rank {} made an invalid call", rank)) != std::string::npos;
+  const bool follow_up =
+      broken.has_value() || blames_my_call || p2p_failed.load(std::memory_order_relaxed);
+  broken = a.reason;
+  if (follow_up) throw AbortedError(unusable_message());
+  throw_error(static_cast<ErrorCode>(a.code), a.reason);
+}
+
+void Communicator::Impl::check_owner() const {
+  if (!seg->forked_away()) return;
+  throw InvalidArgumentError(fmt::format(
+      "rank {} (forked child pid {}): this communicator belongs to process {} (rank {}); a forked "
+      "child must create its own",
+      rank, getpid(), seg->owner_pid(), rank));
+}
+
+void Communicator::Impl::begin(const CollectiveDesc& d) {
+  check_owner();
+  if (broken) throw AbortedError(unusable_message());
+  if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
+  current = d;
+  step = -1;
+  left_checked = right_checked = false;
+  if (size == 1) return;
+  auto& desc = my_area().desc[collectives % detail::kDescRing];
+  desc.count.store(d.count, std::memory_order_relaxed);
+  desc.kind.store(static_cast<std::uint32_t>(d.kind), std::memory_order_relaxed);
+  desc.dtype.store(static_cast<std::uint32_t>(d.dtype), std::memory_order_relaxed);
+  desc.op.store(static_cast<std::uint32_t>(d.op), std::memory_order_relaxed);
+  desc.root.store(d.root, std::memory_order_relaxed);
+  desc.algorithm.store(static_cast<std::uint32_t>(d.algorithm), std::memory_order_relaxed);
+  desc.vhash.store(d.vhash, std::memory_order_relaxed);
+  desc.aux.store(d.aux, std::memory_order_relaxed);
+  desc.seq.store(collectives + 1, std::memory_order_release);
+  if (eager_scatter_unchecked != 0) check_eager_scatter();
+  if (d.algorithm == Algorithm::ring) announce();
+}
+
+void Communicator::Impl::announce() {
+  publish(my_area().announced, collectives + 1);
+}
+
+void Communicator::Impl::wait_announced(int peer) {
+  wait_counter(area(peer).announced, collectives + 1, peer, "the start of the collective");
+  check_descriptor(peer);
+}
+
+std::byte* Communicator::Impl::acquire_direct_buffer() {
+  // Buffer (c mod 2) was last read in collective c-2: every rank must have
+  // finished that one.
+  // A staged collective (staged.cpp) used both buffers: wait until every
+  // rank has finished it too.
+  std::uint64_t need = std::max(staged_done_needed, collectives >= detail::kDirectBuffers
+                                                        ? collectives - detail::kDirectBuffers + 1
+                                                        : std::uint64_t{0});
+  if (need > 0) {
+    for (int q = 0; q < size; ++q)
+      if (q != rank) wait_counter(area(q).done, need, q, "the end of an earlier collective");
+  }
+  return seg->direct(rank, collectives % detail::kDirectBuffers);
+}
+
+void Communicator::Impl::fail_recv_counts(int peer) {
+  fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch in collective #{} {}: rank {} passed different recv_counts; "
+      "every rank must pass the same recv_counts",
+      rank, collectives, describe(*current), peer)));
+}
+
+void Communicator::Impl::check_descriptor(int peer) {
+  // A peer runs at most K slots, 2 direct buffers or 32 eager-ring calls ahead, fewer than
+  // kDescRing collectives: entry c is still ours to read. A torn read or a
+  // different seq means the peer is in another collective: a mismatch too.
+  // Ordering: begin() stores the fields (relaxed), then seq (release), then
+  // announced (publish, seq_cst); we get here after an acquire of announced,
+  // so the fields of this entry are visible. The re-read of seq after an
+  // acquire fence is a safety net only: the writer does not mark the entry
+  // busy before rewriting it, which is sound because it cannot reach this
+  // entry again while we may still read it (the pace bound above).
+  auto& desc = area(peer).desc[collectives % detail::kDescRing];
+  std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+  CollectiveDesc theirs{static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+                        desc.count.load(std::memory_order_relaxed),
+                        static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+                        static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
+                        desc.root.load(std::memory_order_relaxed),
+                        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
+  const CollectiveDesc& mine = *current;
+  const bool has_op =
+      mine.kind == CollectiveKind::allreduce || mine.kind == CollectiveKind::reduce ||
+      mine.kind == CollectiveKind::reduce_scatter || mine.kind == CollectiveKind::reduce_scatter_v;
+  const bool has_dtype = mine.kind != CollectiveKind::barrier;
+  bool same = !torn && seq == collectives + 1 && theirs.kind == mine.kind &&
+              theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
+              theirs.root == mine.root && (!has_op || theirs.op == mine.op);
+  // The staged paths compare recv_counts themselves (and name the entry);
+  // the ring (allgatherv_ring) has only this check.
+  if (same && theirs.algorithm == mine.algorithm &&
+      (mine.algorithm != Algorithm::ring ||
+       desc.vhash.load(std::memory_order_relaxed) == mine.vhash))
+    return;
+  if (!torn && seq == collectives + 1 && theirs.kind == CollectiveKind::invalid) {
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
+        "(it refused its arguments; its own error says why)",
+        rank, collectives, describe(mine), peer)));
+  }
+  // The vector collectives whose recv_counts every rank must pass alike
+  // hash them into the descriptor (staged.cpp compares them itself, and
+  // names the entry); a peer on another path is told here.
+  if (same &&
+      (mine.kind == CollectiveKind::allgatherv || mine.kind == CollectiveKind::reduce_scatter_v) &&
+      desc.vhash.load(std::memory_order_relaxed) != mine.vhash)
+    fail_recv_counts(peer);
+  // alltoallv chooses its path from the counts to and from the peer alone
+  // (collective_set.cpp), so two paths mean the counts disagree.
+  if (same && mine.kind == CollectiveKind::alltoallv)
+    fail(MismatchError(fmt::format(
+        "rank {}: collective mismatch in collective #{} {}: rank {} took another path for it: "
+        "its send_counts or recv_counts disagree with this rank's (recv_counts[i] on rank j must "
+        "equal send_counts[j] on rank i), or SHMRING_ALGO differs between the two",
+        rank, collectives, describe(mine), peer)));
+  if (same) {
+    fail(MismatchError(fmt::format(
+        "rank {}: collective #{} {} runs the {} algorithm here but the {} algorithm on rank {}: "
+        "set SHMRING_ALGO and SHMRING_DIRECT_BYTES alike on every rank",
+        rank, collectives, describe(mine), to_string(mine.algorithm), to_string(theirs.algorithm),
+        peer)));
+  }
+  std::string their_call = torn || seq == 0 || seq > collectives + 1
+                               ? std::string("a different collective")
+                               : fmt::format("collective #{} {}", seq - 1, describe(theirs));
+  fail(MismatchError(fmt::format(
+      "rank {}: collective mismatch: rank {} called collective #{} {} but rank {} called {}; "
+      "every rank must call the same collectives in the same order with the same count, "
+      "datatype, operator and root",
+      rank, rank, collectives, describe(mine), peer, their_call)));
+}
+
+void Communicator::Impl::end() {
+  if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
+  if (eager_pending_count > 0)  // staged.cpp "Eager rings": a collective's confirmations
+    confirm_eager_ring(
+        collectives >= detail::kEagerEntries ? collectives - detail::kEagerEntries + 1 : 0,
+        eager_ring_call ? 0 : collectives);
+  eager_ring_call = false;
+  if (size > 1) publish(my_area().done, collectives + 1);
+  ++collectives;
+  completed.store(collectives, std::memory_order_relaxed);
+  current.reset();
+  step = -1;
+}
+
+void Communicator::Impl::fail(const Error& e) {
+  bool won = detail::raise_abort(*seg, size, static_cast<std::uint32_t>(e.code()), rank, e.what());
+  auto a = detail::read_abort(seg->header());
+  if (!won && a) {
+    SHMRING_LOG(debug, "also saw: {}", e.what());
+    rethrow_abort(*a);
+  }
+  broken = a ? a->reason : std::string(e.what());
+  throw_error(e.code(), e.what(), e.sys_errno());
+}
+
+void Communicator::Impl::publish_rejected() {
+  if (broken) return;  // the peers hear of the first error instead
+  // Peers that called this collective correctly must not wait for us: our
+  // descriptor says "invalid call", which they report as a mismatch. When
+  // every rank rejects the same call, nobody waits and the communicator
+  // stays usable.
+  if (size > 1) {
+    auto& desc = my_area().desc[collectives % detail::kDescRing];
+    desc.kind.store(static_cast<std::uint32_t>(CollectiveKind::invalid), std::memory_order_relaxed);
+    desc.seq.store(collectives + 1, std::memory_order_release);
+    announce();
+  }
+  end();
+}
+
+}  // namespace shmring

@@ -1,0 +1,53 @@
+// A rank's kernels split over its oneTBB arena (core/parallel.hpp).
+
+#include <cstring>
+
+#include "core/comm.hpp"
+#include "core/parallel.hpp"
+#include "kernels/copy.hpp"
+#include "kernels/reduce.hpp"
+
+namespace shmring {
+
+void Communicator::Impl::reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt,
+                                ReduceOp op, int divisor) {
+  const std::size_t es = datatype_size(dt);
+  detail::for_grains(arena.get(), n, es, [&](std::size_t i, std::size_t k) {
+    detail::reduce(static_cast<std::byte*>(dst) + i * es, static_cast<const std::byte*>(a) + i * es,
+                   static_cast<const std::byte*>(b) + i * es, k, dt, op, divisor);
+  });
+}
+
+void Communicator::Impl::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+  detail::for_grains(arena.get(), bytes, 1,
+                     [&](std::size_t i, std::size_t n) { std::memcpy(d + i, s + i, n); });
+}
+
+void Communicator::Impl::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
+  // On the 2-core Zen 4 VM (N=2, 256 KiB slots), streaming slices of 32-128
+  // KiB cut the time by 20-30%; below 16 KiB the reader's trip to memory
+  // costs more than a cross-core snoop, and from 256 KiB the slots overflow
+  // the writer's L2 into the shared L3, which beats memory. On an Intel Xeon
+  // streaming was 1.5x slower from 64 KiB and equal below (bench/README.md):
+  // hence the vendor test in streaming_pays_off().
+  constexpr std::size_t kNtMinBytes = 16 * 1024, kNtMaxBytes = 128 * 1024;
+  const bool nt = config.nt_stores == NtStores::always ||
+                  (config.nt_stores == NtStores::automatic && detail::streaming_pays_off() &&
+                   bytes >= kNtMinBytes && bytes <= kNtMaxBytes);
+  if (!nt) {
+    copy(slot, src, bytes);
+    return;
+  }
+  if (bytes == 0) return;
+  // copy_streaming fences its own stores, so each grain's are visible before
+  // the arena joins and publish_send()'s release store follows.
+  const auto* s = static_cast<const std::byte*>(src);
+  detail::for_grains(arena.get(), bytes, 1, [&](std::size_t i, std::size_t n) {
+    detail::copy_streaming(slot + i, s + i, n);
+  });
+}
+
+}  // namespace shmring

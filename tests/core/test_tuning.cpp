@@ -1,0 +1,94 @@
+// The algorithm table (src/engine/tuning.cpp): its crossovers as measured
+// (docs/design/algorithms.md), the forced paths, and that every row is
+// reachable and the table ends in a row that takes everything.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "engine/tuning.hpp"
+
+using namespace shmring;
+using engine::choose;
+using engine::TuningInputs;
+using K = CollectiveKind;
+
+namespace {
+constexpr std::uint64_t kDirect = 64 * 1024;
+TuningInputs alone(int n) {
+  return {n, false, kDirect, std::nullopt};
+}
+TuningInputs crowded(int n) {
+  return {n, true, kDirect, std::nullopt};
+}
+}  // namespace
+
+TEST_CASE("allreduce crossovers") {
+  CHECK(choose(K::allreduce, 8, false, alone(2)) == Algorithm::low_latency);
+  CHECK(choose(K::allreduce, 512, false, alone(2)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, 513, false, alone(2)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, 4096, false, alone(8)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, 4097, false, alone(8)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, 16 * 1024, false, crowded(3)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, 16 * 1024 + 1, false, crowded(3)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, 16 * 1024, false, crowded(4)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, 16 * 1024 + 1, false, crowded(4)) == Algorithm::two_shot);
+  CHECK(choose(K::allreduce, 8 * 1024 + 1, false, crowded(8)) == Algorithm::two_shot);
+  // Past the direct buffer: the ring, except 16-bit sums and crowded ranks at N > 2.
+  CHECK(choose(K::allreduce, kDirect + 1, false, alone(4)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, kDirect + 1, true, alone(4)) == Algorithm::two_shot);
+  CHECK(choose(K::allreduce, kDirect + 1, true, alone(2)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, 64 << 20, false, crowded(4)) == Algorithm::two_shot);
+}
+
+TEST_CASE("other collectives") {
+  CHECK(choose(K::barrier, 0, false, alone(4)) == Algorithm::low_latency);
+  CHECK(choose(K::allgather, 8 * 1024, false, alone(2)) == Algorithm::staged);
+  CHECK(choose(K::allgather, 8 * 1024, false, crowded(2)) == Algorithm::direct);
+  CHECK(choose(K::allgather, 256 * 1024, false, crowded(2)) == Algorithm::staged);
+  CHECK(choose(K::allgather, 2 << 20, false, alone(2)) == Algorithm::ring);
+  CHECK(choose(K::broadcast, kDirect, false, alone(4)) == Algorithm::direct);
+  CHECK(choose(K::broadcast, kDirect + 1, false, alone(4)) == Algorithm::ring);
+  CHECK(choose(K::gather, 1 << 20, false, alone(4)) == Algorithm::staged);
+}
+
+TEST_CASE("a forced algorithm applies where it can run") {
+  TuningInputs in = alone(4);
+  in.forced = Algorithm::direct;
+  CHECK(choose(K::allreduce, 8, false, in) == Algorithm::direct);  // not the line
+  CHECK(choose(K::allreduce, kDirect + 1, false, in) == Algorithm::ring);
+  CHECK(choose(K::barrier, 0, false, in) == Algorithm::low_latency);
+  in.forced = Algorithm::two_shot;
+  CHECK(choose(K::allreduce, 64 << 20, false, in) == Algorithm::two_shot);
+  CHECK(choose(K::broadcast, 8, false, in) == Algorithm::direct);
+  in.forced = Algorithm::ring;
+  CHECK(choose(K::allreduce, 8, false, in) == Algorithm::ring);
+}
+
+TEST_CASE("every row is reachable and the last takes everything") {
+  const auto rows = engine::crossovers();
+  REQUIRE(!rows.empty());
+  const auto& last = rows.back();
+  CHECK(last.kinds == ~engine::KindMask{0});
+  CHECK(last.min_ranks == 1);
+  CHECK(last.above == 0);
+  CHECK(last.up_to == engine::kUnbounded);
+  std::set<const engine::Crossover*> used;
+  for (int n : {1, 2, 3, 4, 8, 16})
+    for (bool ov : {false, true})
+      for (int k = 1; k <= 12; ++k)
+        for (bool wide : {false, true})
+          for (std::uint64_t p = 0; p <= (std::uint64_t{256} << 20); p = p ? p * 2 : 1)
+            used.insert(engine::choose_row(static_cast<K>(k), p, wide,
+                                           TuningInputs{n, ov, kDirect, std::nullopt}));
+  for (const auto& r : rows) CHECK_MESSAGE(used.count(&r) == 1, "unreachable row: " << r.why);
+  for (const auto& r : rows) CHECK(std::string(r.why).size() > 10);
+}
+
+TEST_CASE("describe_choices names each collective and its reason") {
+  const std::string s = engine::describe_choices(alone(4));
+  CHECK(s.find("N=4") != std::string::npos);
+  CHECK(s.find("allreduce (16-bit)") != std::string::npos);
+  CHECK(s.find("two-shot") != std::string::npos);
+  CHECK(s.find("reduce_scatter_v") != std::string::npos);
+}
