@@ -71,7 +71,7 @@ std::uint32_t pack(const CollectiveDesc& d) {
 }  // namespace
 
 detail::LowLatencyLine& Communicator::Impl::acquire_low_latency_line() {
-  if (low_latency_read != collectives) acquire_direct_buffer();  // done(q) >= c-1 for all q
+  if (low_latency.read != collectives) acquire_direct_buffer();  // done(q) >= c-1 for all q
   return my_area().low_latency[collectives % 2];
 }
 
@@ -87,9 +87,9 @@ const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
       // `announced` wakes, and a peer on another path can check our
       // descriptor. `announced` is published after the line: once the
       // peer's moves, its line is visible, or it took another path.
-      if (!low_latency_announced) {
+      if (!low_latency.announced) {
         announce();
-        low_latency_announced = true;
+        low_latency.announced = true;
       }
       policy.spin_ns = 0;
       std::optional<detail::Clock::time_point> wait_deadline;
@@ -145,15 +145,15 @@ detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, st
   // line to be invalidated. `announced` (publish(), the sleepers' counter)
   // follows once we leave a spin or finish (wait_all_lines).
   line.seq.store(c.collectives + 1, std::memory_order_release);
-  c.low_latency_announced = false;
+  c.low_latency.announced = false;
   return line;
 }
 
 void wait_all_lines(Communicator::Impl& c) {
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_low_latency(q);
-  c.low_latency_read = c.collectives + 1;
-  if (!c.low_latency_announced) c.announce();
+  c.low_latency.read = c.collectives + 1;
+  if (!c.low_latency.announced) c.announce();
 }
 
 }  // namespace

@@ -80,8 +80,8 @@ void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* re
     if (q != me) c.wait_announced(q);
   // Every rank has finished the previous collective, so the right
   // neighbour has read all our ring slices (as Rounds::plan in staged.cpp).
-  if (rounds > 0 && c.sent > 0)
-    c.wait_counter(c.area(c.right).consumed, c.sent, c.right, "ring slices to be read");
+  if (rounds > 0 && c.ring.sent > 0)
+    c.wait_counter(c.area(c.right).consumed, c.ring.sent, c.right, "ring slices to be read");
 
   auto fill = [&](std::uint64_t j) {
     c.step = static_cast<int>(std::min<std::uint64_t>(j, 1u << 30));

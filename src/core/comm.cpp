@@ -225,7 +225,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
-  left_checked = right_checked = false;
+  ring.left_checked = ring.right_checked = false;
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
   desc.count.store(d.count, std::memory_order_relaxed);

@@ -28,6 +28,24 @@ class Engine;
 class P2p;
 }  // namespace detail
 
+/// Ring edge r -> r+1 (ring_edge.cpp), in slices; never reset, like the
+/// shared counters it mirrors.
+struct RingEdgeState {
+  std::uint64_t sent = 0;      ///< slices published into my slots (== my produced)
+  std::uint64_t recvd = 0;     ///< slices of my left neighbour consumed (== my consumed)
+  bool left_checked = false;   ///< this collective's left descriptor was checked
+  bool right_checked = false;  ///< acquire_send_slot checked right's descriptor
+};
+
+/// The one-line path's bookkeeping (algorithms/low_latency.cpp).
+struct LowLatencyState {
+  /// The last collective whose every peer line this rank read (+1; 0: none).
+  std::uint64_t read = 0;
+  /// Whether this low-latency collective published `announced` yet (it does
+  /// so when a wait leaves its spin phase, or at the end).
+  bool announced = false;
+};
+
 struct Communicator::Impl {
   ~Impl();  // engine.cpp: stops the progress thread before anything else goes
   Config config;
@@ -55,9 +73,7 @@ struct Communicator::Impl {
   int published_cpu = -1;  // what my RankInfo::cpu says
   int rank = 0, size = 1, left = 0, right = 0;
 
-  // Ring edge state, all in slices (never reset, like the shared counters).
-  std::uint64_t sent = 0;           // slices published into my slots (== my produced)
-  std::uint64_t recvd = 0;          // slices of my left neighbour consumed (== my consumed)
+  RingEdgeState ring;               // ring edge r -> r+1 (ring_edge.cpp)
   std::uint64_t collectives = 0;    // sequence number of the current / next collective
   std::uint64_t splits = 0;         // split() calls so far (names sub-communicators)
   std::uint64_t staged_rounds = 0;  // rounds of staged collectives so far (== my posted)
@@ -173,8 +189,6 @@ struct Communicator::Impl {
   const std::byte* wait_recv_slot();
   /// Frees the slot just read: consumed = ++recvd.
   void release_recv();
-  bool left_checked = false;
-  bool right_checked = false;  // acquire_send_slot checked right's descriptor
 
   // ---- Collective framing. ----
   /// Throws InvalidArgumentError in a process forked (without exec) from the
@@ -210,11 +224,7 @@ struct Communicator::Impl {
   /// descriptor in it; a peer that announced this collective by another path
   /// (a mismatch) is reported as such. Returns peer's line.
   const detail::LowLatencyLine& wait_low_latency(int peer);
-  /// The last collective whose every peer line this rank read (+1; 0: none).
-  std::uint64_t low_latency_read = 0;
-  /// Whether this low-latency collective published `announced` yet (it does
-  /// so when a wait leaves its spin phase, or at the end).
-  bool low_latency_announced = false;
+  LowLatencyState low_latency;  // the one-line path (algorithms/low_latency.cpp)
   [[noreturn]] void reject_call(const InvalidArgumentError& e);
   /// Ends a collective: done = collective + 1.
   void end();

@@ -271,8 +271,8 @@ class Rounds {
     data_rounds_ = rounds_for(largest, lane());
     // Every rank has finished the previous collective, so the right
     // neighbour has read all our ring slices; checked, as it costs nothing.
-    if (big_ && c_.sent > 0)
-      c_.wait_counter(c_.area(c_.right).consumed, c_.sent, c_.right, "ring slices to be read");
+    if (big_ && c_.ring.sent > 0)
+      c_.wait_counter(c_.area(c_.right).consumed, c_.ring.sent, c_.right, "ring slices to be read");
   }
   std::size_t lane() const { return big_ ? lane_slots_ : lane_direct_; }
   /// Copies n bytes of a writer's block into its round buffer `dst`: into
