@@ -1,6 +1,5 @@
 #include "core/request.hpp"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,22 +15,6 @@
 
 namespace shmring {
 namespace detail {
-
-namespace {
-std::atomic<unsigned> g_fork_generation{0};
-void on_fork_child() {
-  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
-}
-}  // namespace
-
-unsigned fork_generation() {
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, on_fork_child);
-    return true;
-  }();
-  (void)registered;
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
 
 RequestState::RequestState(std::int64_t spin, std::int64_t yield)
     : fork_gen(fork_generation()), spin_ns(spin), yield_ns(yield) {}

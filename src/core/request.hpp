@@ -10,14 +10,10 @@
 #include <functional>
 #include <mutex>
 
+#include "base/fork.hpp"
 #include "shmring/request.hpp"
 
 namespace shmring::detail {
-
-/// Bumped in every child right after fork() (pthread_atfork): an object that
-/// recorded another generation was inherited, and its threads did not come
-/// along. The first call registers the handler.
-unsigned fork_generation();
 
 struct RequestState {
   /// A waiter polls `done_flag` for `spin_ns` (pause) then `yield_ns`

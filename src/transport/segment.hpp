@@ -111,6 +111,7 @@ class Segment {
  private:
   Segment() = default;
   struct Mapping;
+  struct Opening;  // create_or_attach's steps (segment_parts.hpp)
   std::unique_ptr<Mapping> map_;
   std::byte* base_ = nullptr;
   Header* header_ = nullptr;

@@ -1,0 +1,64 @@
+#include "base/fork.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace shmring::detail {
+
+namespace {
+
+// The handler runs in the child while every other thread of the parent is
+// gone; the parent's tracked descriptors are guarded by g_fork_mutex, held
+// across fork so that the child never sees a list half changed.
+std::atomic<unsigned> g_fork_generation{0};
+std::mutex g_fork_mutex;
+std::vector<int>& fork_fds() {
+  static auto* fds = new std::vector<int>();  // never destroyed: atfork may run late
+  return *fds;
+}
+void fork_prepare() {
+  g_fork_mutex.lock();
+}
+void fork_parent() {
+  g_fork_mutex.unlock();
+}
+void fork_child() {
+  for (int fd : fork_fds()) ::close(fd);
+  fork_fds().clear();
+  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  g_fork_mutex.unlock();
+}
+
+void register_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
+}
+
+}  // namespace
+
+unsigned fork_generation() {
+  register_handler();
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+void track_fd(int fd) {
+  register_handler();
+  std::lock_guard<std::mutex> lock(g_fork_mutex);
+  fork_fds().push_back(fd);
+}
+
+void untrack_fd(int fd) {
+  std::lock_guard<std::mutex> lock(g_fork_mutex);
+  auto& v = fork_fds();
+  for (auto it = v.begin(); it != v.end(); ++it)
+    if (*it == fd) {
+      v.erase(it);
+      return;
+    }
+}
+
+}  // namespace shmring::detail

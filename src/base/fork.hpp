@@ -1,0 +1,22 @@
+#pragma once
+
+// Fork without exec. A child forked from a rank inherits its threads' state
+// but not its threads, and its descriptors with their locks: one counter of
+// forks and one pthread_atfork handler serve every object that must notice
+// it is a child's copy (requests, the engine, point-to-point, the segment).
+
+namespace shmring::detail {
+
+/// Bumped in every child right after fork() (pthread_atfork): an object that
+/// recorded another generation was inherited, and its threads did not come
+/// along. The first call registers the handler.
+unsigned fork_generation();
+
+/// Closes `fd` in every child forked from now on, right after fork (the
+/// segment's descriptor: its open-file-description lock says "rank r is
+/// alive", and a child must not keep it so). Registers the handler.
+void track_fd(int fd);
+/// Stops closing `fd` in later children (it is about to be closed).
+void untrack_fd(int fd);
+
+}  // namespace shmring::detail
