@@ -12,10 +12,15 @@
 // reduce-scatter, the cross-node MPI_Allreduce of one shard, intra-node
 // allgather) and their sum, the cost model's prediction.
 
+#include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <shmring/mpi.hpp>
+#include <string>
+#include <vector>
 
 #include "perf_common.hpp"
 
@@ -25,34 +30,38 @@ using shmring::DataType;
 using shmring::ReduceOp;
 using namespace shmring::bench;
 
-class HierBackend {
+class HierBackend final : public PerfBackend {
  public:
   HierBackend() : comm_(MPI_COMM_WORLD) {
     name_ = comm_.algorithm() == shmring::mpi::Algorithm::flat ? "mpi-flat" : "shmring-mpi";
   }
-  int rank() const { return comm_.rank(); }
-  int size() const { return comm_.size(); }
-  const char* name() const { return name_.c_str(); }
-  bool supports(DataType t, ReduceOp op) const {
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  const char* name() const override { return name_.c_str(); }
+  bool supports(DataType t, ReduceOp op) const override {
     return op != ReduceOp::avg || shmring::is_floating(t);
   }
-  void allreduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op) {
+  void allreduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op) override {
     comm_.allreduce(s, r, n, t, op);
   }
-  void reduce_scatter(const void* s, void* r, std::size_t n, DataType t, ReduceOp op) {
+  void reduce_scatter(const void* s, void* r, std::size_t n, DataType t, ReduceOp op) override {
     comm_.reduce_scatter(s, r, n, t, op);
   }
-  void allgather(const void* s, void* r, std::size_t n, DataType t) { comm_.allgather(s, r, n, t); }
-  void broadcast(void* b, std::size_t n, DataType t, int root) { comm_.broadcast(b, n, t, root); }
-  void reduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op, int root) {
+  void allgather(const void* s, void* r, std::size_t n, DataType t) override {
+    comm_.allgather(s, r, n, t);
+  }
+  void broadcast(void* b, std::size_t n, DataType t, int root) override {
+    comm_.broadcast(b, n, t, root);
+  }
+  void reduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op, int root) override {
     comm_.reduce(s, r, n, t, op, root);
   }
-  void barrier() { comm_.barrier(); }
-  double max_over_ranks(double v) {
+  void barrier() override { comm_.barrier(); }
+  double max_over_ranks(double v) override {
     MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     return v;
   }
-  double sum_over_ranks(double v) {
+  double sum_over_ranks(double v) override {
     MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return v;
   }

@@ -1,98 +1,14 @@
 #pragma once
 
-// The shmring side of the *_perf benchmarks: a backend over
-// shmring::Communicator for perf_common.hpp and the main() they share.
-// `-a ring|direct|two_shot` asks the library for one algorithm through SHMRING_ALGO
-// (the variable the core reads to force a path), set before the
-// communicator reads its configuration; `-a auto` leaves it alone.
-
-#include <cstdlib>
-#include <shmring/shmring.hpp>
+// main() of the shmring *_perf tools (shmring_perf.cpp): each
+// <collective>_perf.cpp is its collective's main() over this.
 
 #include "perf_common.hpp"
 
 namespace shmring::bench {
 
-class ShmringBackend {
- public:
-  ShmringBackend() = default;
-  int rank() const { return comm_.rank(); }
-  int size() const { return comm_.size(); }
-  const char* name() const { return "shmring"; }
-  bool supports(DataType t, ReduceOp op) const { return op != ReduceOp::avg || is_floating(t); }
-  void allreduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op) {
-    comm_.allreduce(send, recv, count, t, op);
-  }
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DataType t,
-                      ReduceOp op) {
-    comm_.reduce_scatter(send, recv, recv_count, t, op);
-  }
-  void allgather(const void* send, void* recv, std::size_t send_count, DataType t) {
-    comm_.allgather(send, recv, send_count, t);
-  }
-  void broadcast(void* buffer, std::size_t count, DataType t, int root) {
-    comm_.broadcast(buffer, count, t, root);
-  }
-  void reduce(const void* send, void* recv, std::size_t count, DataType t, ReduceOp op, int root) {
-    comm_.reduce(send, recv, count, t, op, root);
-  }
-  void alltoall(const void* send, void* recv, std::size_t count, DataType t) {
-    comm_.alltoall(send, recv, count, t);
-  }
-  void alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                 std::span<const std::size_t> send_displs, void* recv,
-                 std::span<const std::size_t> recv_counts, std::span<const std::size_t> recv_displs,
-                 DataType t) {
-    comm_.alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t);
-  }
-  void gather(const void* send, void* recv, std::size_t count, DataType t, int root) {
-    comm_.gather(send, recv, count, t, root);
-  }
-  void scatter(const void* send, void* recv, std::size_t count, DataType t, int root) {
-    comm_.scatter(send, recv, count, t, root);
-  }
-  void allgatherv(const void* send, std::size_t send_count, void* recv,
-                  std::span<const std::size_t> recv_counts, std::span<const std::size_t> displs,
-                  DataType t) {
-    comm_.allgatherv(send, send_count, recv, recv_counts, displs, t);
-  }
-  void barrier() { comm_.barrier(); }
-  double max_over_ranks(double v) {
-    comm_.allreduce(std::span<double>(&v, 1), ReduceOp::max);
-    return v;
-  }
-  double sum_over_ranks(double v) {
-    comm_.allreduce(std::span<double>(&v, 1), ReduceOp::sum);
-    return v;
-  }
-
- private:
-  Communicator comm_;
-};
-
-// main() of <collective>_perf: parse the options, force the algorithm, run.
-inline int shmring_perf_main(int argc, char** argv, Collective coll) {
-  const std::string prog = fmt::format("{}_perf", info(coll).name);
-  CLI::App app{fmt::format("{}: shmring {} bandwidth (run under shmrun)", prog, info(coll).name)};
-  PerfOptions o;
-  add_perf_options(app, o, coll);
-  CLI11_PARSE(app, argc, argv);
-  try {
-    validate(o);
-    if (o.algorithm != "auto") {
-      if (o.algorithm != "ring" && o.algorithm != "direct" && o.algorithm != "two_shot")
-        throw CLI::ValidationError(
-            fmt::format("-a '{}': expected auto, ring, direct or two_shot", o.algorithm));
-      setenv("SHMRING_ALGO", o.algorithm.c_str(), 1);
-    }
-    ShmringBackend b;
-    return run_perf(b, o, coll);
-  } catch (const CLI::Error& e) {
-    return app.exit(e);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "{}: {}\n", prog, e.what());
-    return 1;
-  }
-}
+// Parses the options of `coll`'s tool, forces the algorithm (-a) and runs
+// the table over shmring::Communicator. Returns the process's exit code.
+int shmring_perf_main(int argc, char** argv, Collective coll);
 
 }  // namespace shmring::bench
