@@ -237,7 +237,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   desc.vhash.store(d.vhash, std::memory_order_relaxed);
   desc.aux.store(d.aux, std::memory_order_relaxed);
   desc.seq.store(collectives + 1, std::memory_order_release);
-  if (eager_scatter_unchecked != 0) check_eager_scatter();
+  if (pending.at_begin) pending.at_begin(*this);
   if (d.algorithm == Algorithm::ring) announce();
 }
 
@@ -345,12 +345,7 @@ void Communicator::Impl::check_descriptor(int peer) {
 }
 
 void Communicator::Impl::end() {
-  if (eager_unchecked != 0 && eager_unchecked <= collectives) check_eager_gather();
-  if (eager_pending_count > 0)  // staged.cpp "Eager rings": a collective's confirmations
-    confirm_eager_ring(
-        collectives >= detail::kEagerEntries ? collectives - detail::kEagerEntries + 1 : 0,
-        eager_ring_call ? 0 : collectives);
-  eager_ring_call = false;
+  if (pending.at_end) pending.at_end(*this);
   if (size > 1) publish(my_area().done, collectives + 1);
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);

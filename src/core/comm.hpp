@@ -27,6 +27,9 @@ namespace detail {
 class Engine;
 class P2p;
 }  // namespace detail
+namespace algo {
+struct EagerState;
+}  // namespace algo
 
 /// Ring edge r -> r+1 (ring_edge.cpp), in slices; never reset, like the
 /// shared counters it mirrors.
@@ -104,47 +107,20 @@ struct Communicator::Impl {
   // Whether this rank can read every peer's memory (staged.cpp
   // cma_capable): -1 not probed yet, else 0 or 1.
   int cma_probed = -1;
-  // Small gathers leave early (staged.cpp gather_eager). Per direct buffer
-  // parity: collective + 1 of the last eager gather this rank ran on it (0:
-  // none) and the rank that read our buffer then (-1: we were the root).
-  std::uint64_t eager_at[2] = {0, 0};
-  int eager_reader[2] = {-1, -1};
-  // A non-root's eager gather whose root has not been confirmed yet:
-  // collective + 1 (0: none) and our descriptor of it. The next collective
-  // confirms it before it returns (check_eager_gather).
-  std::uint64_t eager_unchecked = 0;
-  CollectiveDesc eager_desc{};
-  /// Waits until the root of our unchecked eager gather finished it (or the
-  /// job aborted) and compares its descriptor with ours: a rank that left a
-  /// gather early fails at its next collective at the latest.
-  void check_eager_gather();
-  // A root's eager scatter (staged.cpp scatter_eager) whose non-roots it has
-  // not checked: collective + 1 (0: none) and our descriptor of it. The next
-  // collective's begin() checks them before we announce it.
-  std::uint64_t eager_scatter_unchecked = 0;
-  CollectiveDesc eager_scatter_desc{};
-  /// Waits until every rank announced our unchecked eager scatter and
-  /// compares its descriptor with ours.
-  void check_eager_scatter();
-  // Eager rings (staged.cpp "Eager rings"): our gathers as a non-root and
-  // scatters as the root that nobody has confirmed yet, at index c mod
-  // kEagerEntries: collective + 1 (0: none) and our descriptor of it.
-  struct EagerPending {
-    std::uint64_t coll1 = 0;
-    CollectiveDesc desc{};
+  /// Checks that a collective's path leaves to later collectives (the
+  /// staged collectives' eager gathers and scatters return before their
+  /// readers are done: algorithms/staged/staged_eager.cpp). begin() runs
+  /// `at_begin` after writing our descriptor and before announcing; end()
+  /// runs `at_end` before publishing `done`. The core knows nothing of what
+  /// they check; null: nothing to check.
+  struct PendingChecks {
+    void (*at_begin)(Impl&) = nullptr;
+    void (*at_end)(Impl&) = nullptr;
   };
-  EagerPending eager_pending[detail::kEagerEntries];
-  int eager_pending_count = 0;
-  // Every peer's `done` was at least this when we last read them all.
-  std::uint64_t eager_peers_done = 0;
-  // The collective in flight went through an eager ring (end() then skips
-  // the confirmations that need no wait).
-  bool eager_ring_call = false;
-  /// Confirms our pending eager-ring collectives c with c + 1 <= `must`
-  /// (waiting until their readers finished (gather) or started (scatter)
-  /// them), and those with c + 1 <= `may` whose readers already did; compares
-  /// their descriptors with ours: a mismatch fails.
-  void confirm_eager_ring(std::uint64_t must, std::uint64_t may);
+  PendingChecks pending;
+  /// The eager paths' bookkeeping (algorithms/staged/staged.hpp EagerState),
+  /// made by the first eager call, with its deleter.
+  std::unique_ptr<algo::EagerState, void (*)(algo::EagerState*)> eager{nullptr, nullptr};
 
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;

@@ -273,6 +273,61 @@ void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsRe
 
 namespace shmring {
 
+namespace algo {
+
+/// The eager gathers' and scatters' bookkeeping (staged_eager.cpp): calls
+/// that returned before their readers were done, confirmed by later
+/// collectives. Made by the first eager call (eager_state), which also
+/// installs the core's pending checks (core/comm.hpp PendingChecks).
+struct EagerState {
+  // Small gathers leave early (gather_eager). Per direct buffer parity:
+  // collective + 1 of the last eager gather this rank ran on it (0: none)
+  // and the rank that read our buffer then (-1: we were the root).
+  std::uint64_t at[2] = {0, 0};
+  int reader[2] = {-1, -1};
+  // A non-root's eager gather whose root has not been confirmed yet:
+  // collective + 1 (0: none) and our descriptor of it. The next collective
+  // confirms it before it returns (check_eager_gather).
+  std::uint64_t gather_unchecked = 0;
+  CollectiveDesc gather_desc{};
+  // A root's eager scatter (scatter_eager) whose non-roots it has not
+  // checked: collective + 1 (0: none) and our descriptor of it. The next
+  // collective's begin() checks them before we announce it.
+  std::uint64_t scatter_unchecked = 0;
+  CollectiveDesc scatter_desc{};
+  // Eager rings: our gathers as a non-root and scatters as the root that
+  // nobody has confirmed yet, at index c mod kEagerEntries: collective + 1
+  // (0: none) and our descriptor of it.
+  struct Pending {
+    std::uint64_t coll1 = 0;
+    CollectiveDesc desc{};
+  };
+  Pending pending[detail::kEagerEntries];
+  int pending_count = 0;
+  // Every peer's `done` was at least this when we last read them all.
+  std::uint64_t peers_done = 0;
+  // The collective in flight went through an eager ring (end() then skips
+  // the confirmations that need no wait).
+  bool ring_call = false;
+};
+
+}  // namespace algo
+
+/// This communicator's eager bookkeeping, made on first use.
+algo::EagerState& eager_state(Communicator::Impl& c);
+/// Waits until the root of our unchecked eager gather finished it (or the
+/// job aborted) and compares its descriptor with ours: a rank that left a
+/// gather early fails at its next collective at the latest.
+void check_eager_gather(Communicator::Impl& c);
+/// Waits until every rank announced our unchecked eager scatter and
+/// compares its descriptor with ours.
+void check_eager_scatter(Communicator::Impl& c);
+/// Confirms our pending eager-ring collectives c with c + 1 <= `must`
+/// (waiting until their readers finished (gather) or started (scatter)
+/// them), and those with c + 1 <= `may` whose readers already did; compares
+/// their descriptors with ours: a mismatch fails.
+void confirm_eager_ring(Communicator::Impl& c, std::uint64_t must, std::uint64_t may);
+
 // Defined in staged_eager.cpp (see their comments there).
 void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
                   int root);

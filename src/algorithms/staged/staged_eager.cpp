@@ -38,9 +38,9 @@ namespace {
 std::byte* eager_buffer(Communicator::Impl& c) {
   const std::uint64_t coll = c.collectives;
   const std::size_t parity = coll % detail::kDirectBuffers;
-  if (coll >= detail::kDirectBuffers && c.eager_at[parity] == coll - 1 &&
+  if (coll >= detail::kDirectBuffers && eager_state(c).at[parity] == coll - 1 &&
       c.staged_done_needed <= coll - 1) {
-    const int reader = c.eager_reader[parity];
+    const int reader = eager_state(c).reader[parity];
     if (reader >= 0)
       c.wait_counter(c.area(reader).done, coll - 1, reader, "the root to finish an earlier gather");
     return c.seg->direct(c.rank, parity);
@@ -74,10 +74,10 @@ void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::
     c.announce();
     // The previous collective's gather, if it was one of ours: confirmed
     // after our block is out, so the two overlap.
-    if (c.eager_unchecked != 0) c.check_eager_gather();
-    c.eager_unchecked = coll + 1;
-    c.eager_desc = *c.current;
-    c.eager_reader[parity] = root;
+    if (eager_state(c).gather_unchecked != 0) check_eager_gather(c);
+    eager_state(c).gather_unchecked = coll + 1;
+    eager_state(c).gather_desc = *c.current;
+    eager_state(c).reader[parity] = root;
   } else {
     c.announce();
     for (int t = 1; t < n; ++t) {
@@ -85,9 +85,9 @@ void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::
       c.wait_announced(w);
       if (bytes > 0) c.copy(out + w * bytes, c.seg->direct(w, parity), bytes);
     }
-    c.eager_reader[parity] = -1;
+    eager_state(c).reader[parity] = -1;
   }
-  c.eager_at[parity] = coll + 1;
+  eager_state(c).at[parity] = coll + 1;
 }
 
 // Eager scatter: when a block fits one lane of a direct buffer, the root
@@ -110,8 +110,8 @@ void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::
         if (j != root)
           put_eager(c, buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
     c.announce();
-    c.eager_scatter_unchecked = c.collectives + 1;
-    c.eager_scatter_desc = *c.current;
+    eager_state(c).scatter_unchecked = c.collectives + 1;
+    eager_state(c).scatter_desc = *c.current;
   } else {
     c.announce();
     c.wait_announced(root);
@@ -152,16 +152,16 @@ std::uint64_t eager_entry(Communicator::Impl& c) {
   constexpr std::uint64_t e = detail::kEagerEntries;
   if (coll >= e) {
     const std::uint64_t need = coll - e + 1;
-    if (c.eager_peers_done < need) {
+    if (eager_state(c).peers_done < need) {
       std::uint64_t low = ~std::uint64_t{0};
       for (int q = 0; q < c.size; ++q) {
         if (q == c.rank) continue;
         c.wait_counter(c.area(q).done, need, q, "a rank to finish an earlier eager collective");
         low = std::min(low, c.area(q).done.value.load(std::memory_order_acquire));
       }
-      c.eager_peers_done = low;
+      eager_state(c).peers_done = low;
     }
-    c.confirm_eager_ring(coll - e + 1, 0);
+    confirm_eager_ring(c, coll - e + 1, 0);
   }
   return coll % e;
 }
@@ -186,8 +186,8 @@ void eager_write(Communicator::Impl& c, detail::EagerLine& line, const void* dat
 }
 
 void eager_remember(Communicator::Impl& c) {
-  c.eager_pending[c.collectives % detail::kEagerEntries] = {c.collectives + 1, *c.current};
-  ++c.eager_pending_count;
+  eager_state(c).pending[c.collectives % detail::kEagerEntries] = {c.collectives + 1, *c.current};
+  ++eager_state(c).pending_count;
 }
 
 // The reader's wait for line `index` of `peer`'s entry for this collective:
@@ -241,7 +241,7 @@ void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, 
                        int root) {
   const int n = c.size, me = c.rank;
   c.step = 0;
-  c.eager_ring_call = true;
+  eager_state(c).ring_call = true;
   if (me != root) {
     const std::uint64_t entry = eager_entry(c);
     eager_write(c, c.seg->eager_line(me, entry, 0), send, bytes);
@@ -264,7 +264,7 @@ void scatter_eager_ring(Communicator::Impl& c, const std::byte* in, void* recv, 
                         int root) {
   const int n = c.size, me = c.rank;
   c.step = 0;
-  c.eager_ring_call = true;
+  eager_state(c).ring_call = true;
   if (me == root) {
     const std::uint64_t entry = eager_entry(c);
     for (int j = 0; j < n; ++j)
@@ -338,46 +338,77 @@ std::string their_call(const Communicator::Impl& c, const PeerCall& p, std::uint
 
 }  // namespace
 
-void Communicator::Impl::check_eager_scatter() {
-  const std::uint64_t coll = eager_scatter_unchecked - 1;
-  const CollectiveDesc mine = eager_scatter_desc;
-  eager_scatter_unchecked = 0;
-  for (int q = 0; q < size; ++q) {
-    if (q == rank) continue;
-    wait_counter(area(q).announced, coll + 1, q, "a rank to start a scatter");
-    const PeerCall theirs = read_peer_call(*this, q, coll);
+namespace {
+
+// The core's pending checks (core/comm.hpp PendingChecks), installed with
+// the eager state.
+void eager_at_begin(Communicator::Impl& c) {
+  if (c.eager->scatter_unchecked != 0) check_eager_scatter(c);
+}
+
+void eager_at_end(Communicator::Impl& c) {
+  algo::EagerState& e = *c.eager;
+  if (e.gather_unchecked != 0 && e.gather_unchecked <= c.collectives) check_eager_gather(c);
+  if (e.pending_count > 0)  // "Eager rings": a collective's confirmations
+    confirm_eager_ring(
+        c, c.collectives >= detail::kEagerEntries ? c.collectives - detail::kEagerEntries + 1 : 0,
+        e.ring_call ? 0 : c.collectives);
+  e.ring_call = false;
+}
+
+}  // namespace
+
+algo::EagerState& eager_state(Communicator::Impl& c) {
+  if (!c.eager) {
+    c.eager = {new algo::EagerState{}, [](algo::EagerState* e) { delete e; }};
+    c.pending = {&eager_at_begin, &eager_at_end};
+  }
+  return *c.eager;
+}
+
+void check_eager_scatter(Communicator::Impl& c) {
+  algo::EagerState& e = *c.eager;
+  const std::uint64_t coll = e.scatter_unchecked - 1;
+  const CollectiveDesc mine = e.scatter_desc;
+  e.scatter_unchecked = 0;
+  for (int q = 0; q < c.size; ++q) {
+    if (q == c.rank) continue;
+    c.wait_counter(c.area(q).announced, coll + 1, q, "a rank to start a scatter");
+    const PeerCall theirs = read_peer_call(c, q, coll);
     if (same_eager_call(theirs, mine)) continue;
-    fail(MismatchError(fmt::format(
+    c.fail(MismatchError(fmt::format(
         "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a scatter "
         "root does not wait for the others) but rank {} called {}; every rank must call the same "
         "collectives in the same order with the same count, datatype and root",
-        rank, rank, coll, describe(mine), q, their_call(*this, theirs, coll))));
+        c.rank, c.rank, coll, c.describe(mine), q, their_call(c, theirs, coll))));
   }
 }
 
-void Communicator::Impl::check_eager_gather() {
-  const std::uint64_t coll = eager_unchecked - 1;
-  const CollectiveDesc mine = eager_desc;
+void check_eager_gather(Communicator::Impl& c) {
+  algo::EagerState& e = *c.eager;
+  const std::uint64_t coll = e.gather_unchecked - 1;
+  const CollectiveDesc mine = e.gather_desc;
   const int root = mine.root;
-  eager_unchecked = 0;
-  // Its root ends it only after checking every rank's descriptor; a root
+  e.gather_unchecked = 0;
+  // Its root ends it only after checking every c.rank's descriptor; a root
   // that found a mismatch aborts the job, which this wait reports.
-  wait_counter(area(root).done, coll + 1, root, "the root to finish a gather");
-  const PeerCall theirs = read_peer_call(*this, root, coll);
+  c.wait_counter(c.area(root).done, coll + 1, root, "the root to finish a gather");
+  const PeerCall theirs = read_peer_call(c, root, coll);
   if (same_eager_call(theirs, mine)) return;
   if (theirs.is_coll && theirs.desc.kind == CollectiveKind::invalid)
-    fail(MismatchError(fmt::format(  // the words check_descriptor uses
+    c.fail(MismatchError(fmt::format(  // the words check_descriptor uses
         "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
         "(it refused its arguments; its own error says why)",
-        rank, coll, describe(mine), root)));
-  fail(MismatchError(fmt::format(
+        c.rank, coll, c.describe(mine), root)));
+  c.fail(MismatchError(fmt::format(
       "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a non-root "
       "gather rank does not wait for the root) but its root rank {} called {}; every rank must "
       "call the same collectives in the same order with the same count, datatype and root",
-      rank, rank, coll, describe(mine), root, their_call(*this, theirs, coll))));
+      c.rank, c.rank, coll, c.describe(mine), root, their_call(c, theirs, coll))));
 }
 
-void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t may) {
+void confirm_eager_ring(Communicator::Impl& c, std::uint64_t must, std::uint64_t may) {
+  algo::EagerState& st = *c.eager;
   // Every collective c confirms collective c-E (in eager_entry or end()),
   // so of those up to `must` only must-1 can be pending: one slot to look
   // at, unless `may` asks for all that need no wait.
@@ -386,7 +417,7 @@ void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t ma
   if (!all && must == 0) return;
   const std::uint64_t first = all ? 0 : (must - 1) % e, stop = all ? e : first + 1;
   for (std::uint64_t i = first; i < stop; ++i) {
-    EagerPending& p = eager_pending[i];
+    algo::EagerState::Pending& p = st.pending[i];
     if (p.coll1 == 0 || (p.coll1 > must && p.coll1 > may)) continue;
     const std::uint64_t coll = p.coll1 - 1;
     const CollectiveDesc mine = p.desc;
@@ -395,46 +426,46 @@ void Communicator::Impl::confirm_eager_ring(std::uint64_t must, std::uint64_t ma
     // the job on a mismatch, which the wait reports; a scatter's readers
     // need only have published their descriptors.
     auto reader_counter = [&](int q) -> detail::Counter& {
-      return gather ? area(q).done : area(q).announced;
+      return gather ? c.area(q).done : c.area(q).announced;
     };
     if (p.coll1 > must) {  // only if no wait is needed
       bool ready = true;
-      for (int q = 0; q < size && ready; ++q)
-        if (q != rank && (!gather || q == mine.root))
+      for (int q = 0; q < c.size && ready; ++q)
+        if (q != c.rank && (!gather || q == mine.root))
           ready = reader_counter(q).value.load(std::memory_order_acquire) >= coll + 1;
       if (!ready) continue;
     }
     p.coll1 = 0;
-    --eager_pending_count;
-    for (int q = 0; q < size; ++q) {
-      if (q == rank || (gather && q != mine.root)) continue;
+    --st.pending_count;
+    for (int q = 0; q < c.size; ++q) {
+      if (q == c.rank || (gather && q != mine.root)) continue;
       // Every peer finished coll (so a scatter's readers announced it)
       // when the least `done` we last saw (eager_entry) says so: then no
       // read of a counter the peer writes every collective, whose line would
       // otherwise move between the ranks on every call (N=2, back-to-back
       // 8-byte gathers: 0.118-0.128 -> 0.102-0.109 us a call).
-      if (eager_peers_done < coll + 1)
-        wait_counter(
+      if (st.peers_done < coll + 1)
+        c.wait_counter(
             reader_counter(q), coll + 1, q,
             gather ? "the root to finish an eager gather" : "a rank to start an eager scatter");
-      const std::optional<CollectiveDesc> theirs = eager_desc_of(*this, q, coll);
+      const std::optional<CollectiveDesc> theirs = eager_desc_of(c, q, coll);
       if (theirs && theirs->kind == mine.kind && theirs->count == mine.count &&
           theirs->dtype == mine.dtype && theirs->root == mine.root &&
           theirs->algorithm == mine.algorithm)
         continue;
       if (theirs && theirs->kind == CollectiveKind::invalid)
-        fail(MismatchError(fmt::format(  // the words check_descriptor uses
+        c.fail(MismatchError(fmt::format(  // the words check_descriptor uses
             "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid "
             "call (it refused its arguments; its own error says why)",
-            rank, coll, describe(mine), q)));
-      const std::string their_call = theirs
-                                         ? fmt::format("collective #{} {}", coll, describe(*theirs))
-                                         : std::string("a different collective");
-      fail(MismatchError(fmt::format(
+            c.rank, coll, c.describe(mine), q)));
+      const std::string their_call =
+          theirs ? fmt::format("collective #{} {}", coll, c.describe(*theirs))
+                 : std::string("a different collective");
+      c.fail(MismatchError(fmt::format(
           "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: {}) but "
           "{}rank {} called {}; every rank must call the same collectives in the same order with "
           "the same count, datatype and root",
-          rank, rank, coll, describe(mine),
+          c.rank, c.rank, coll, c.describe(mine),
           gather ? "a non-root gather rank does not wait for the root"
                  : "a scatter root does not wait for the others",
           gather ? "its root " : "", q, their_call)));
