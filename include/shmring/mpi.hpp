@@ -65,7 +65,7 @@ struct Options {
   /// 256 KiB pieces where every machine has at least two CPUs (in its ranks'
   /// affinity masks) per rank on it, one piece elsewhere: the pipeline keeps
   /// two threads per rank busy, and where they must share CPUs its extra
-  /// synchronisations cost more than the overlap gains (bench/README.md).
+  /// synchronisations cost more than the overlap gains (docs/performance/notes).
   /// Ranks count as one machine when they share a kernel (boot id), so fake
   /// nodes and containers on one host are counted together.
   std::size_t piece_bytes = 0;
@@ -76,7 +76,7 @@ struct Options {
   /// (InvalidArgumentError). Over TCP loopback Open MPI 4.1's allreduce
   /// between two ranks took 3.7 ms for 8 MiB in one call and 2.0 ms in
   /// 2 MiB calls, 24 ms against 8.3 ms at 32 MiB, whatever its algorithm
-  /// (bench/README.md, thirteenth session). A network whose MPI moves large
+  /// (docs/performance/notes/2026-12-01-intel-slices-mpi-calls.md). A network whose MPI moves large
   /// messages well may prefer 0: measure with mpi_hier_perf.
   std::size_t call_bytes = 0;
   /// What a failure inside a node does (a rank dead, a timeout, a

@@ -138,7 +138,7 @@ SHMRING_C_API shmring_result_t shmring_ireduce(const void* send, void* recv, siz
                                                int root, shmring_comm_t comm,
                                                shmring_request_t* req);
 SHMRING_C_API shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req);
-/* Issue 14's collectives: the C++ API's alltoall, alltoallv, gather,
+/* The staged collectives: the C++ API's alltoall, alltoallv, gather,
  * scatter, allgatherv, reduce_scatter_v, send and recv (same semantics;
  * counts and displacements in elements, arrays of size entries). A NULL
  * array is SHMRING_ERR_INVALID_ARGUMENT naming it; the peers' matching call

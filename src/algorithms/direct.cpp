@@ -140,7 +140,7 @@ void barrier_direct(Communicator::Impl& c) {
 // publishes `reduced` = c+1. Last, it copies every other rank's reduced
 // chunk out of that rank's buffer. Two synchronisations, and each rank reads
 // 2x the buffer instead of the one-shot's N x, at the price of the second
-// synchronisation: it pays from a few ranks and mid sizes on (DESIGN "Small
+// synchronisation: it pays from a few ranks and mid sizes on (docs/design/protocols.md, "Small
 // messages"). The buffers are recycled exactly as the one-shot path's.
 
 void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,

@@ -3,7 +3,7 @@
 // float32) per rank, alltoalls whose whole send buffer is that small, and
 // at N=2 alltoallvs whose blocks to and from the peer each are (the two
 // ranks decide from the same two counts; a larger N would need every
-// pair's). N=2 on the Intel VM of bench/README.md, tenth session, 8 bytes
+// pair's). N=2 on the Intel VM of docs/performance/notes/2026-12-01-intel-allgather.md, 8 bytes
 // in all: 0.37-0.40 us in the staged rounds, 0.22-0.23 here (Open MPI
 // 0.36-0.37).
 //
@@ -13,7 +13,7 @@
 // and the data: 40 bytes of it in the same 64-byte cache line as `seq`, the
 // rest in the next one, the other half of its 128-byte block (x86's
 // adjacent-line prefetcher may fetch the two together; N=2 on the Intel VM
-// of bench/README.md's eighth session, 64 bytes took 0.20-0.29 us this way
+// of docs/performance/notes/2026-12-01-intel-single-copy.md, 64 bytes took 0.20-0.29 us this way
 // against 0.33-0.45 on the direct and staged paths, 8 bytes 0.17).
 //
 // Steps of collective c, on every rank:
@@ -168,7 +168,7 @@ void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, 
   // Our own term comes from `send`, not from our line: the line was just
   // written and the peers polling it hold copies, so reading it back waits
   // for our store to own the line again (N=2, 8 bytes on the Intel VM: 0.23
-  // -> 0.17-0.18 us a call; bench/README.md, eighth session). The bytes are
+  // -> 0.17-0.18 us a call; docs/performance/notes/2026-12-01-intel-single-copy.md). The bytes are
   // the same. In place, only where the first step reads our term (ranks 0
   // and 1) and may write over it (reduce: either operand; the 16-bit
   // types' reduce_to_narrow: only the second); a later step would read a

@@ -23,7 +23,7 @@
 // Every write but a round's first is fused with the read before it, so write
 // k depends only on the left's write k-1 and on the right having read write
 // k-K: with K >= 2 slots the ring cannot deadlock. Rounds and collectives
-// follow each other without a barrier (DESIGN "The ring protocol").
+// follow each other without a barrier (docs/design/protocols.md, "Ring").
 //
 // Bytes per rank: allreduce moves 2(N-1)/N of the buffer through slots each
 // way (the busbw factor), reduce-scatter and allgather (N-1)/N.

@@ -319,7 +319,7 @@ shmring_result_t shmring_ibarrier(shmring_comm_t comm, shmring_request_t* req) {
   return start(comm, req, __func__, [&] { return comm->comm.ibarrier(); });
 }
 
-// ---- Issue 14's collectives (blocking and non-blocking). ----
+// ---- The staged collectives (blocking and non-blocking). ----
 
 }  // extern "C"
 

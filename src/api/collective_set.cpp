@@ -1,4 +1,4 @@
-// Front of issue 14's collectives (alltoall, alltoallv, gather, scatter,
+// Front of the staged collectives (alltoall, alltoallv, gather, scatter,
 // allgatherv, reduce_scatter_v): argument checks on the caller's thread and
 // the Op the engine runs (engine.cpp -> staged.cpp), as communicator.cpp
 // does for the others. Vectors are copied into the Op (VectorArgs), so a
@@ -249,7 +249,7 @@ Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t
 //   Why the ring there: in one copy a rank reads every other block itself,
 // so the rank whose block is smallest reads the most; the ring splits each
 // block's cost between its writer and its readers. N=2 on the Intel VM of
-// bench/README.md (tenth session), allgatherv of float32, median us, staged
+// docs/performance/notes/2026-12-01-intel-allgather.md, allgatherv of float32, median us, staged
 // / ring: blocks 1/3 and 2/3 of 4 MiB 435-455 / 411-418, of 16 MiB
 // 1894-1956 / 1652-1661; small / large = 0.6, 16 MiB 1728-1744 /
 // 1631-1636, 64 MiB 12229-12267 / 10507-10914; 0.75 mixed (16 MiB

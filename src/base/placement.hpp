@@ -7,7 +7,7 @@
 // a 0.2 us allreduce takes 8-20 us. The scheduler stacks them easily and
 // rarely separates them: a futex wake-up may place the sleeper on its
 // waker's CPU, and two tasks that always run are "cache hot", so the idle
-// CPU beside them does not pull one over (shared/cases/default-speed.md:
+// CPU beside them does not pull one over (a case found by a new user:
 // after one futex sleep, 1000 back-to-back calls all ran stacked).
 //
 // So each rank publishes the CPU it runs on whenever a wait does not

@@ -169,7 +169,7 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
   // under one busy loop per CPU on the 2-core VM (this policy against the
   // old one and Open MPI, which never yields; 4 interleaved runs each):
   // send/recv 64 KiB 14-83 us vs 823-3366 vs 14-173; allreduce 64 KiB
-  // 15-19 vs 15-153 vs 17-397 (bench/README.md). Without foreign load a
+  // 15-19 vs 15-153 vs 17-397 (docs/performance/notes). Without foreign load a
   // spin and a yield loop cost the same.
   policy.spin_ns += policy.yield_ns;
   policy.yield_ns = 0;

@@ -155,7 +155,7 @@ struct Communicator::Impl {
   /// CPU to a task outside the job, for a whole scheduler slice.
   detail::WaitPolicy policy_for(int peer);
 
-  // ---- Ring edge r -> r+1 (DESIGN "The ring protocol"). ----
+  // ---- Ring edge r -> r+1 (docs/design/protocols.md, "Ring"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.
   std::byte* acquire_send_slot();
   /// Publishes the slot just filled: produced = ++sent.

@@ -31,7 +31,7 @@ void Communicator::Impl::copy_to_slot(std::byte* slot, const void* src, std::siz
   // KiB cut the time by 20-30%; below 16 KiB the reader's trip to memory
   // costs more than a cross-core snoop, and from 256 KiB the slots overflow
   // the writer's L2 into the shared L3, which beats memory. On an Intel Xeon
-  // streaming was 1.5x slower from 64 KiB and equal below (bench/README.md):
+  // streaming was 1.5x slower from 64 KiB and equal below (docs/performance/notes):
   // hence the vendor test in streaming_pays_off().
   constexpr std::size_t kNtMinBytes = 16 * 1024, kNtMaxBytes = 128 * 1024;
   const bool nt = config.nt_stores == NtStores::always ||

@@ -2,7 +2,7 @@
 
 // The engine: runs the collectives the front (communicator.cpp) has checked,
 // in call order, on the caller's thread or on the communicator's progress
-// thread (DESIGN.md, "Where the design goes next").
+// thread (docs/design/layers.md).
 //
 // Ownership of the protocol state (Communicator::Impl's counters, current
 // collective, broken): exactly one thread runs collectives at a time. Before

@@ -10,14 +10,14 @@ namespace shmring::detail {
 /// memory instead of staying dirty in this core's cache, so a reader on
 /// another core fetches them from memory (or the shared L3) instead of by a
 /// cross-core snoop of a modified line, which on the measured machines is
-/// the slower of the two (bench/README.md, "Non-temporal slot writes").
-/// Ends with a store fence, so a release store that follows publishes the
-/// data. `dst` and `src` need no alignment; the regions must not overlap.
-/// Falls back to memcpy where there are no streaming stores (non-x86).
+/// the slower of the two (docs/performance/notes/2026-11-30-defaults.md, "Non-temporal slot
+/// writes"). Ends with a store fence, so a release store that follows publishes the data. `dst` and
+/// `src` need no alignment; the regions must not overlap. Falls back to memcpy where there are no
+/// streaming stores (non-x86).
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
 
 /// Whether streaming slot writes pay off on this CPU (SHMRING_NT_STORES=auto).
-/// Measured (bench/README.md): on AMD Zen 4 a line modified in another
+/// Measured (docs/performance/notes): on AMD Zen 4 a line modified in another
 /// core's L2 crosses slower than it comes from memory, and streaming 16-128
 /// KiB slices cut N=2 allreduce by 20-30%; on an Intel Xeon the shared L3
 /// hands lines over faster than memory, and 64-128 KiB slices were 1.5x

@@ -64,8 +64,9 @@ Algorithm Communicator::Impl::choose(std::size_t bytes) const {
   if (!balanced) return Algorithm::leaders;
   if (algorithm != Algorithm::automatic) return algorithm;
   // One rank per node: the node stages have nothing to move, and cost 7-21
-  // us at 64 KiB-1 MiB on 2 fake nodes x 1 rank (bench/README.md, thirteenth
-  // session); MPI alone is the allreduce.
+  // us at 64 KiB-1 MiB on 2 fake nodes x 1 rank
+  // (docs/performance/notes/2026-12-01-intel-slices-mpi-calls.md); MPI alone
+  // is the allreduce.
   if (num_nodes == size) return Algorithm::flat;
   return bytes >= shards_bytes ? Algorithm::shards : Algorithm::leaders;
 }

@@ -154,13 +154,13 @@ struct Communicator::Impl {
 
 /// Allreduce messages from this size on take the shards path (automatic).
 /// Measured on 2 fake nodes x 2 ranks over TCP loopback on a loaded 2-core
-/// machine (bench/README.md): shards as fast as leaders or faster by median
+/// machine (docs/performance/notes): shards as fast as leaders or faster by median
 /// from 4 KiB, by both median and best round from 64 KiB.
 inline constexpr std::size_t kDefaultShardsBytes = 64 * 1024;
 
 /// The same where some machine runs more ranks than it has CPUs (its node
 /// communicators are oversubscribed). 2 fake nodes x 2 ranks on 2 CPUs,
-/// bench/compare --hier-algos auto,leaders --repeat 9 (bench/README.md,
+/// bench/compare --hier-algos auto,leaders --repeat 9 (docs/performance/notes,
 /// eleventh session), median us, shards / leaders: 256 KiB 184 / 168, 512
 /// KiB 308 / 265, 1 MiB 611 / 552, 2 MiB 1296 / 1160, 4 MiB 2768 / 2837;
 /// in three shorter runs leaders was ahead at 64-512 KiB in all of them, at
@@ -171,7 +171,7 @@ inline constexpr std::size_t kCrowdedShardsBytes = 4 * 1024 * 1024;
 /// many bytes (SHMRING_MPI_PIECE_BYTES; 0 there: no pipelining), at most
 /// kMaxPieces of them; by default only where every rank has two CPUs
 /// (spare_cpus_everywhere). On 2 fake nodes x 2 ranks sharing 2 CPUs
-/// (bench/README.md) one piece was faster; the cost model predicts the gain
+/// (docs/performance/notes) one piece was faster; the cost model predicts the gain
 /// where cores are spare.
 inline constexpr std::size_t kDefaultPieceBytes = 256 * 1024;
 inline constexpr std::size_t kMaxPieces = 16;
@@ -181,7 +181,7 @@ inline constexpr std::size_t kMaxMpiCount = std::size_t{1} << 30;
 
 /// Most bytes a blocking MPI call of a stage moves (Options::call_bytes,
 /// SHMRING_MPI_CALL_BYTES). Open MPI 4.1 between two ranks over TCP
-/// loopback (2-CPU VM, bench/README.md, thirteenth session), MPI_Allreduce
+/// loopback (2-CPU VM, docs/performance/notes/2026-12-01-intel-slices-mpi-calls.md), MPI_Allreduce
 /// in calls of 8 MiB / 4 / 2 / 1 MiB / 512 KiB: 8 MiB in 3724 / 3199 / 1965
 /// / 2786 / 2955 us, 32 MiB in 23876 / 12773 / 8274 / 11385 / 11766. On 2
 /// fake nodes x 2 ranks the hierarchical allreduce was 1.25-1.56x faster at

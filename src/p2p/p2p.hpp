@@ -62,7 +62,7 @@ class P2p {
   /// recv behind posted recvs or unmatched messages from `peer`, or whose
   /// message is not an eager one that matches (the general path reports a
   /// mismatch). They take a third of the general path's time in an 8-byte
-  /// ping-pong (bench/README.md, "Fifth session").
+  /// ping-pong (docs/performance/notes/2026-12-01-early-morning.md).
   bool send_eager(const void* buf, std::uint64_t count, DataType dtype, int peer, int tag);
   bool recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, int tag);
   OpPtr make_op(bool is_send, const void* buf, std::size_t count, DataType dtype, int peer, int tag,

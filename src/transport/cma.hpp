@@ -41,7 +41,7 @@ bool cma_local_writable(std::byte* dst, std::uint64_t bytes);
 double cma_copy_ratio();
 
 /// The highest cma_copy_ratio() at which blocks past 256 KiB go in one copy.
-/// Measured on two 2-core VMs, N=2 (bench/README.md, eighth session): where
+/// Measured on two 2-core VMs, N=2 (docs/performance/notes/2026-12-01-intel-single-copy.md): where
 /// the ratio was 1.7-1.9 (Intel Xeon, 2 MiB L2) one copy took alltoall and
 /// allgatherv of 1-4 MiB from 1.2-1.6x Open MPI's time to its time, and
 /// scatter of 2 MiB from 2x to 0.6x; where it was about 3.7 (AMD EPYC) the

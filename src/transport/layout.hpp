@@ -57,10 +57,10 @@ inline constexpr std::size_t kDescRing = 128;
 /// block (reader - root - 1) mod N of the root's entry, up to
 /// kEagerScatterMaxRanks ranks (the region grows as N^2 up to there; past
 /// it scatters take the direct buffers and the region grows as N).
-/// 8 lines a block rather than 4 (ninth session, N=2, 2-core Intel VM):
-/// gathers and scatters of 256-byte blocks took 0.19 and 0.22 us a call
-/// instead of 0.24-0.27 and 0.29-0.35 through the direct buffers (Open MPI
-/// 0.15-0.17), for twice the region (2 MiB more at N=256).
+/// 8 lines a block rather than 4 (docs/performance/notes/2026-12-01-intel-fences-eager.md, N=2,
+/// 2-core Intel VM): gathers and scatters of 256-byte blocks took 0.19 and 0.22 us a call instead
+/// of 0.24-0.27 and 0.29-0.35 through the direct buffers (Open MPI 0.15-0.17), for twice the region
+/// (2 MiB more at N=256).
 inline constexpr std::size_t kEagerEntries = 32;
 inline constexpr std::size_t kEagerBlockLines = 8;
 inline constexpr std::size_t kEagerLineBytes = 40;

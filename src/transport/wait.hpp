@@ -22,7 +22,7 @@
 //     the technique of Linux's membarrier(2) page ("asymmetric fences", also
 //     liburcu's and folly's); on the 2-core Intel VM it took an 8-byte
 //     gather from 0.19 to 0.13-0.15 us and a scatter from 0.25 to 0.12-0.15
-//     (bench/README.md, ninth session): the fence stalled the writer until
+//     (docs/performance/notes/2026-12-01-intel-fences-eager.md): the fence stalled the writer until
 //     its store owned a line its peer polls. tests/core/test_wait.cpp runs
 //     the argument as a litmus test.
 //   - symmetric (membarrier refused: old kernel, seccomp; or

@@ -3,7 +3,7 @@
 // once to nearest even, on every rank, on every path (direct, ring, chain),
 // whatever the element's position, for allreduce, reduce_scatter and reduce
 // (every root), sum, avg and prod; min and max stay exact. Includes the
-// inputs of shared/cases/16bit-accuracy.md (avg of 4 x 30000 in float16
+// inputs a new user once found wrong (avg of 4 x 30000 in float16
 // overflowed to inf; bfloat16 1 + 256 + 1 + 1 gave 256, not 260).
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN

@@ -1,4 +1,4 @@
-/* Issue 14's collectives through the C API, compiled as C99, on 3 forked
+/* The staged collectives through the C API, compiled as C99, on 3 forked
  * ranks: alltoall, alltoallv, gather, scatter, allgatherv, reduce_scatter_v,
  * blocking and non-blocking, and a NULL count array (an invalid argument on
  * every rank). Exit status 0 means every check passed. */
@@ -129,6 +129,9 @@ static void run_rank(int rank, const char* job) {
 
 int main(void) {
   int failed = run_forked_ranks(kRanks, "c-set", run_rank);
-  if (!failed) printf("C API (issue 14 collectives): all checks passed on %d ranks\n", kRanks);
+  if (!failed)
+    printf(
+        "C API (alltoall, gather, scatter and the v-collectives): all checks passed on %d ranks\n",
+        kRanks);
   return failed;
 }

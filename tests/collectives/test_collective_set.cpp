@@ -1,4 +1,4 @@
-// Issue 14's collectives (alltoall, alltoallv, gather, scatter, allgatherv,
+// The staged collectives (alltoall, alltoallv, gather, scatter, allgatherv,
 // reduce_scatter_v) against a serial reference, on real forked ranks:
 // N in {1, 2, 3, 5, 8}, counts 0, 1, uneven, zeros in the middle of a
 // v-vector, 2^20+3 (at N <= 3), every root, in place where MPI allows it,

@@ -1,5 +1,5 @@
-// The README's promises, each with inputs on which a broken promise changes
-// the bits (shared/cases/test-gaps.md):
+// The documented promises (docs/guide/datatypes-and-accuracy.md), each with
+// inputs on which a broken promise changes the bits:
 //   - the direct path reduces in rank order 0, 1, ..., N-1: order-sensitive
 //     float inputs, checked bitwise against the rank-order sum, on every
 //     rank, for allreduce, reduce_scatter and reduce (every root);

@@ -1,6 +1,5 @@
-// Ranks stacked on one CPU get apart (placement.hpp; shared/cases/
-// default-speed.md, input 2): after a futex wake-up put both ranks of a job
-// on one CPU, they stayed there for 1000 calls, each call 40-100x slower.
+// Ranks stacked on one CPU get apart (base/placement.hpp): after a futex wake-up put both ranks of
+// a job on one CPU, they stayed there for 1000 calls, each call 40-100x slower.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 #include <sched.h>

@@ -7,9 +7,10 @@
 //
 // What it catches: with the sleeper's membarrier planted away (the writer
 // still light), the first case counted 29-182 lost wake-ups in each of 6
-// runs of 100,000 rounds on the 2-core Intel VM (ninth session); kept, none.
-// It also checks that the sleeper's half works on the kernel at hand (a
-// membarrier that returned without fencing would show here).
+// runs of 100,000 rounds on the 2-core Intel VM
+// (docs/performance/notes/2026-12-01-intel-fences-eager.md); kept, none. It also checks that the
+// sleeper's half works on the kernel at hand (a membarrier that returned without fencing would show
+// here).
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

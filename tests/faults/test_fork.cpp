@@ -1,8 +1,7 @@
-// A process forked from a rank without exec (issue 16, ../shared/cases/
-// fork-without-exec.md): it must not keep the rank looking alive, must not
-// speak for it when it exits, and gets a clear error if it uses the inherited
-// communicator, while the parent carries on untouched. It may make a
-// communicator of its own.
+// A process forked from a rank without exec (docs/guide/errors.md): it must not keep the rank
+// looking alive, must not speak for it when it exits, and gets a clear error if it uses the
+// inherited communicator, while the parent carries on untouched. It may make a communicator of its
+// own.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Job and rank identity (issue 16, ../shared/cases/job-identity.md): two jobs
+// Job and rank identity (docs/guide/errors.md): two jobs
 // with one job id, two processes with one rank, a starting rank 0 taken for a
 // dead one, launchers' variables that disagree. Every process involved fails
 // within about a second naming the problem, or runs correctly; never a silent

@@ -1,4 +1,4 @@
-"""Issue 14's collectives from Python (numpy, zero copy) across real
+"""The staged collectives from Python (numpy, zero copy) across real
 processes, one per rank (collective_set_worker.py): alltoall, alltoallv,
 gather, scatter, allgatherv, reduce_scatter_v, blocking and async_op, and
 their argument and mismatch errors."""

@@ -1,4 +1,4 @@
-"""One rank of a torch.distributed test job for issue 14's collectives on the
+"""One rank of a torch.distributed test job for the staged collectives on the
 shmring backend: all_to_all_single (even and uneven splits), all_to_all
 (tensor lists), gather, scatter, all_gather with uneven sizes and
 reduce_scatter with uneven sizes (tests/torch/test_collectives.py).

@@ -1,4 +1,4 @@
-"""Issue 14's collectives through the torch.distributed backend "shmring":
+"""The staged collectives through the torch.distributed backend "shmring":
 all_to_all_single (even and uneven splits), all_to_all, gather, scatter,
 all_gather and reduce_scatter with uneven sizes (real processes, one per
 rank; tests/torch/coll_worker.py holds the checks)."""

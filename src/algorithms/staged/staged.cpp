@@ -398,7 +398,7 @@ namespace {
 
 // The single-copy round pays for blocks of single_copy_min() and more:
 // below, the two copies through the direct buffers cost less than the
-// kernel's page walk. Both bounds depend on the machine (bench/README.md,
+// kernel's page walk. Both bounds depend on the machine (docs/performance/notes,
 // sixth and eighth sessions, N=2 on 2-core VMs):
 // - Where process_vm_readv is much slower than memcpy (an AMD EPYC VM: 512
 //   KiB in 41 us against 11 in cache, cma_copy_ratio about 3.7), the slot
@@ -455,12 +455,11 @@ std::size_t single_copy_max(CollectiveKind kind, bool large) {
 // the single-copy round can take them: each reader copies its block out of
 // the root's buffer once, instead of the root copying every block into its
 // direct buffer and each reader copying it out again. N=2, out of place,
-// us, eager / rounds (ninth session, Intel VM): 16 KiB blocks 1.93-2.03 /
-// 1.11-1.14 in cache, 4.60-4.67 / 3.92-3.96 with -I (cache-cold buffers);
-// 32 KiB 3.59-3.75 / 1.82-1.92 and 8.48-8.72 / 7.01-7.19; but 8 KiB blocks
-// cold 2.44-2.58 / 2.91-2.97. N=4 on the 2 CPUs, 8 and 16 KiB blocks:
-// 2.99-3.03 / 4.49-5.06 and 4.82-4.85 / 5.07-5.16; 32 KiB level. Where the
-// round does not happen (SHMRING_CMA=0 somewhere, or blocks under
+// us, eager / rounds (docs/performance/notes/2026-12-01-intel-fences-eager.md, Intel VM): 16 KiB
+// blocks 1.93-2.03 / 1.11-1.14 in cache, 4.60-4.67 / 3.92-3.96 with -I (cache-cold buffers); 32
+// KiB 3.59-3.75 / 1.82-1.92 and 8.48-8.72 / 7.01-7.19; but 8 KiB blocks cold 2.44-2.58 / 2.91-2.97.
+// N=4 on the 2 CPUs, 8 and 16 KiB blocks: 2.99-3.03 / 4.49-5.06 and 4.82-4.85 / 5.07-5.16; 32 KiB
+// level. Where the round does not happen (SHMRING_CMA=0 somewhere, or blocks under
 // single_copy_min()), round 0 carries the block as the eager path would
 // (SHMRING_CMA_LARGE=0, N=2, 16 and 32 KiB: 1.84 / 1.91-1.94 and 3.44-3.47
 // / 3.56-3.60). Both inputs are the same on every rank. Gather keeps its

@@ -77,7 +77,7 @@ class Rounds {
   /// the slot area as the ring writes its slots (copy_to_slot: streaming
   /// stores for the slice sizes where they were measured to pay), into a
   /// direct buffer with plain stores. N=2, 128 KiB blocks (gather and
-  /// scatter of 256 KiB): 17.8 -> 12.8 us (bench/README.md). Not when
+  /// scatter of 256 KiB): 17.8 -> 12.8 us (docs/performance/notes). Not when
   /// ranks share CPUs: a reader that runs on the writer's CPU would find
   /// the slice in that CPU's cache, which streaming stores bypass (N=4 on 2
   /// CPUs, alltoall of 512 KiB: 61-90 -> 115-133 us).
