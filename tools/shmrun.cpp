@@ -2,6 +2,7 @@
 //
 //   shmrun -n N [options] [--] program [args...]
 //   shmrun --list | --cleanup
+//   shmrun --info [--markdown] [-n N] [-x VAR=VALUE ...]
 //
 // Every worker gets SHMRING_RANK / SHMRING_WORLD_SIZE / SHMRING_LOCAL_RANK /
 // SHMRING_LOCAL_WORLD_SIZE / SHMRING_JOB_ID (a fresh random job id unless
@@ -36,6 +37,7 @@
 
 #include "base/config.hpp"
 #include "shmring/version.hpp"
+#include "shmrun_info.hpp"
 #include "shmrun_job.hpp"
 #include "transport/segment.hpp"
 
@@ -161,14 +163,15 @@ int main(int argc, char** argv) {
   CLI::App app{
       "shmrun: launch N local workers of a shmring job\n\n"
       "  shmrun -n N [options] [--] program [args...]\n"
-      "  shmrun --list | --cleanup\n"};
+      "  shmrun --list | --cleanup\n"
+      "  shmrun --info [--markdown]\n"};
   app.get_formatter()->column_width(32);
   l::JobSpec spec;
   std::string bind_to = "none";
   std::vector<std::string> exports;
   int threads = 0;
   std::size_t slots = 0, slot_bytes = 0;
-  bool list = false, cleanup = false;
+  bool list = false, cleanup = false, info = false, markdown = false;
 
   auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
                             "Number of worker processes (ranks); mpirun's -np works too")
@@ -219,6 +222,14 @@ int main(int argc, char** argv) {
   app.add_flag("--cleanup", cleanup,
                "Remove this user's shmring segments (of job --job-id if given) whose creator is "
                "dead, and exit");
+  auto* info_opt = app.add_flag(
+      "--info", info,
+      "Print every SHMRING_* setting a job would run with (value, source, default, doc), "
+      "with -x and the other options applied, and exit (1 if a value would be refused)");
+  app.add_flag("--markdown", markdown,
+               "With --info: print the settings table as Markdown "
+               "(docs/reference/environment.md)")
+      ->needs(info_opt);
   app.set_version_flag("--version", std::string("shmrun (shmring) ") + SHMRING_VERSION_STRING);
   // Everything from the program name on belongs to the program, with or
   // without "--": `shmrun -n 2 prog -n 5` passes "-n 5" to prog.
@@ -238,8 +249,12 @@ int main(int argc, char** argv) {
   });
   try {
     app.parse(argc, argv);
-    if (list && cleanup) throw CLI::ValidationError("--list and --cleanup: give only one");
-    if (!list && !cleanup) {
+    if (int(list) + int(cleanup) + int(info) > 1)
+      throw CLI::ValidationError("--list, --cleanup and --info: give only one");
+    if (info && !app.remaining().empty())
+      throw CLI::ValidationError(
+          fmt::format("--info starts no program: '{}' is left over", app.remaining().front()));
+    if (!list && !cleanup && !info) {
       spec.command = app.remaining();
       if (!spec.command.empty() && spec.command.front() == "--") {
         spec.command.erase(spec.command.begin());
@@ -290,6 +305,14 @@ int main(int argc, char** argv) {
   if (threads > 0) spec.env.emplace_back("SHMRING_THREADS", std::to_string(threads));
   if (slots > 0) spec.env.emplace_back("SHMRING_SLOTS", std::to_string(slots));
   if (slot_bytes > 0) spec.env.emplace_back("SHMRING_SLOT_BYTES", std::to_string(slot_bytes));
+  if (info) {
+    l::InfoRequest request;
+    request.command_line = spec.env;
+    if (!spec.job_id.empty()) request.command_line.emplace_back("SHMRING_JOB_ID", spec.job_id);
+    request.np = np->count() > 0 ? spec.np : 0;
+    request.markdown = markdown;
+    return l::print_info(stdout, request);
+  }
   spec.bind_to_core = bind_to == "core";
   spec.cores_per_rank = threads > 0 ? threads : 1;
   if (spec.job_id.empty()) {

@@ -95,6 +95,15 @@ struct Config {
   std::string segment_name;
   std::size_t segment_bytes = 0;
   int progress_cpu = -1;  ///< SHMRING_PROGRESS_CPU: CPU of the progress thread, -1 unpinned.
+  /// SHMRING_CMA: 1 (default) reads peers' memory in one copy
+  /// (process_vm_readv) where the kernel allows it, 0 never.
+  int cma = 1;
+  /// SHMRING_CMA_LARGE: 1 the staged collectives' blocks past 256 KiB go in
+  /// one copy too, 0 never, -1 (default) decided by measuring at startup.
+  int cma_large = -1;
+  /// SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read in one
+  /// copy.
+  std::size_t cma_min_bytes = 16 * 1024;
 };
 
 /// This host's identity as shmring sees it: a 64-bit hash of the hostname and

@@ -56,15 +56,13 @@ void Communicator::Impl::settings(const Options& options) {
     forced_algorithm = Algorithm::two_shot;
   detail::set_log_rank(cfg.rank);
   cfg.progress_cpu = progress_cpu = detail::progress_cpu_from_env(cfg.rank);
-  if (auto v = detail::env_int("SHMRING_CMA", 0, 1)) {
-    cma_mode = static_cast<int>(*v);
-    // Asked for explicitly: let the peers read us even under Yama's
-    // ptrace_scope=1 (any process of this user may then attach to us).
-    if (cma_mode == 1) detail::allow_cma_readers();
-  }
-  if (auto v = detail::env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
-    cma_min_bytes = static_cast<std::size_t>(*v);
-  if (auto v = detail::env_int("SHMRING_CMA_LARGE", 0, 1)) cma_large = static_cast<int>(*v);
+  // Resolved with the other settings (base/config.cpp); Impl keeps copies.
+  cma_mode = cfg.cma;
+  cma_min_bytes = cfg.cma_min_bytes;
+  cma_large = cfg.cma_large;
+  // Asked for explicitly: let the peers read us even under Yama's
+  // ptrace_scope=1 (any process of this user may then attach to us).
+  if (cma_mode == 1 && detail::settings::text("SHMRING_CMA")) detail::allow_cma_readers();
   rank = cfg.rank;
   size = cfg.world_size;
   left = (rank + size - 1) % size;
@@ -98,7 +96,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
     double timeout_s = cfg.timeout_s > 0 ? cfg.timeout_s : detail::kDefaultTimeoutS;
     if (cfg.timeout_s <= 0 && options.timeout_s <= 0) {
       try {
-        timeout_s = detail::env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(timeout_s);
+        timeout_s = detail::settings::number("SHMRING_TIMEOUT").value_or(timeout_s);
       } catch (const InvalidArgumentError&) {
       }
     }

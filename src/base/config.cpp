@@ -11,43 +11,43 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
 #include "base/log.hpp"
+#include "base/settings.hpp"
 
 namespace shmring::detail {
 
+namespace {
+
+// The launchers' variables, named at run time (kLaunchers): shmrun's are in
+// the table (base/settings.hpp), the other launchers' (RANK,
+// OMPI_COMM_WORLD_SIZE, ...) are theirs to document. Either way they are
+// parsed by the table's parser, with its messages.
+const settings::Setting* declared(const char* name) {
+  const settings::Setting* s = settings::find(name);
+  if (s == nullptr && std::string_view(name).starts_with("SHMRING_"))
+    throw std::logic_error(fmt::format("{} is not declared in base/settings.hpp", name));
+  return s;
+}
+
 std::optional<std::string> env_string(const char* name) {
+  (void)declared(name);
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return std::nullopt;
   return std::string(v);
 }
 
 std::optional<long long> env_int(const char* name, long long lo, long long hi,
-                                 const std::string& why) {
+                                 const std::string& why = {}) {
   auto s = env_string(name);
   if (!s) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(s->c_str(), &end, 10);
-  if (errno != 0 || end == s->c_str() || *end != '\0' || v < lo || v > hi)
-    throw InvalidArgumentError(fmt::format("{}='{}': expected an integer in [{}, {}]{}", name, *s,
-                                           lo, hi, why.empty() ? "" : " (" + why + ")"));
-  return v;
+  return settings::parse_integer(name, *s, lo, hi, 0, {}, why);
 }
 
-std::optional<double> env_double(const char* name, double lo, double hi) {
-  auto s = env_string(name);
-  if (!s) return std::nullopt;
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(s->c_str(), &end);
-  if (errno != 0 || end == s->c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
-    throw InvalidArgumentError(
-        fmt::format("{}='{}': expected a number in [{}, {}]", name, *s, lo, hi));
-  return v;
-}
+}  // namespace
 
 std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) {
   auto* p = static_cast<const unsigned char*>(data);
@@ -156,7 +156,7 @@ std::string process_start(int pid) {
 }
 
 std::optional<std::string> launcher_job_id(const std::string& launcher) {
-  if (auto id = env_string("SHMRING_JOB_ID")) return id;
+  if (auto id = settings::text("SHMRING_JOB_ID")) return id;
   if (launcher == "torchrun") {
     if (auto id = env_string("TORCHELASTIC_RUN_ID")) return derived_job_id("torch-" + *id);
     auto addr = env_string("MASTER_ADDR");
@@ -401,39 +401,27 @@ void resolve_identity_impl(const Options& o, Config& c) {
 }
 
 void resolve_settings_impl(const Options& o, Config& c) {
-  c.slots = o.slots ? o.slots
-                    : static_cast<std::size_t>(
-                          env_int("SHMRING_SLOTS", 2, kMaxSlots).value_or(kDefaultSlots));
+  c.slots =
+      o.slots
+          ? o.slots
+          : static_cast<std::size_t>(settings::integer("SHMRING_SLOTS").value_or(kDefaultSlots));
   if (c.slots < 2 || c.slots > kMaxSlots)
     throw InvalidArgumentError(
         fmt::format("Options::slots={}: expected an integer in [2, {}]", c.slots, kMaxSlots));
-  // The range and the multiple in one message (a range check of its own
-  // said "an integer in [4096, 1073741824]" for 1000, not "a multiple").
+  // The table checks SHMRING_SLOT_BYTES's range and multiple in one message
+  // (a range check of its own said "an integer in [4096, 1073741824]" for
+  // 1000, not "a multiple"); Options::slot_bytes is checked here alike.
   c.slot_bytes = o.slot_bytes
                      ? o.slot_bytes
                      : static_cast<std::size_t>(
-                           env_int("SHMRING_SLOT_BYTES", 0, std::numeric_limits<long long>::max())
-                               .value_or(kDefaultSlotBytes));
+                           settings::integer("SHMRING_SLOT_BYTES").value_or(kDefaultSlotBytes));
   if (c.slot_bytes < 4096 || c.slot_bytes > (1u << 30) || c.slot_bytes % 4096 != 0)
-    throw InvalidArgumentError(
-        fmt::format("{}: expected a multiple of 4096 in [4096, 2^30]",
-                    o.slot_bytes ? fmt::format("Options::slot_bytes={}", c.slot_bytes)
-                                 : fmt::format("SHMRING_SLOT_BYTES='{}'", c.slot_bytes)));
+    throw InvalidArgumentError(fmt::format(
+        "Options::slot_bytes={}: expected a multiple of 4096 in [4096, 2^30]", c.slot_bytes));
 
   c.direct_bytes = static_cast<std::size_t>(
-      env_int("SHMRING_DIRECT_BYTES", 4096, 1 << 26).value_or(kDefaultDirectBytes));
-  if (c.direct_bytes % 4096 != 0)
-    throw InvalidArgumentError(fmt::format(
-        "SHMRING_DIRECT_BYTES='{}': expected a multiple of 4096 in [4096, 2^26]", c.direct_bytes));
-  if (auto a = env_string("SHMRING_ALGO")) {
-    std::string v = *a;
-    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (v == "two-shot" || v == "twoshot") v = "two_shot";
-    if (v != "ring" && v != "direct" && v != "two_shot" && v != "auto")
-      throw InvalidArgumentError(
-          fmt::format("SHMRING_ALGO='{}': expected ring, direct, two_shot or auto", *a));
-    c.algorithm = v;
-  }
+      settings::integer("SHMRING_DIRECT_BYTES").value_or(kDefaultDirectBytes));
+  if (auto a = settings::choice("SHMRING_ALGO")) c.algorithm = *a;
 
   // 0 = automatic: apply_placement() decides once every rank has attached.
   if (o.threads < 0 || o.threads > 1024)
@@ -441,8 +429,8 @@ void resolve_settings_impl(const Options& o, Config& c) {
         "Options::threads={}: expected an integer in [1, 1024], or 0 for SHMRING_THREADS or "
         "automatic",
         o.threads));
-  c.threads =
-      o.threads > 0 ? o.threads : static_cast<int>(env_int("SHMRING_THREADS", 1, 1024).value_or(0));
+  c.threads = o.threads > 0 ? o.threads
+                            : static_cast<int>(settings::integer("SHMRING_THREADS").value_or(0));
 
   // 0 = unset; anything else must be a usable deadline (a negative or NaN one
   // fell back to the default silently, while SHMRING_TIMEOUT=-1 was refused).
@@ -451,27 +439,21 @@ void resolve_settings_impl(const Options& o, Config& c) {
         "Options::timeout_s={}: expected seconds in [0.001, 1e9], or 0 for SHMRING_TIMEOUT or "
         "the default ({} s)",
         o.timeout_s, kDefaultTimeoutS));
-  c.timeout_s = o.timeout_s > 0
-                    ? o.timeout_s
-                    : env_double("SHMRING_TIMEOUT", 0.001, 1e9).value_or(kDefaultTimeoutS);
+  c.timeout_s = o.timeout_s > 0 ? o.timeout_s
+                                : settings::number("SHMRING_TIMEOUT").value_or(kDefaultTimeoutS);
 
   // Negative = automatic (apply_placement()).
-  c.spin_us = env_double("SHMRING_SPIN_US", 0, 1e6).value_or(-1);
-  c.yield_us = env_double("SHMRING_YIELD_US", 0, 1e7).value_or(-1);
-  if (auto raw = env_string("SHMRING_NT_STORES")) {
-    std::string v = *raw;
-    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (v == "auto")
-      c.nt_stores = NtStores::automatic;
-    else if (v == "0" || v == "never")
-      c.nt_stores = NtStores::never;
-    else if (v == "1" || v == "always")
-      c.nt_stores = NtStores::always;
-    else
-      throw InvalidArgumentError(
-          fmt::format("SHMRING_NT_STORES='{}': expected auto, 0 or never, 1 or always", *raw));
-  }
-  if (auto m = env_int("SHMRING_MIGRATE", 0, 1)) c.migrate = *m != 0;
+  c.spin_us = settings::number("SHMRING_SPIN_US").value_or(-1);
+  c.yield_us = settings::number("SHMRING_YIELD_US").value_or(-1);
+  if (auto v = settings::choice("SHMRING_NT_STORES"))
+    c.nt_stores = *v == "never"    ? NtStores::never
+                  : *v == "always" ? NtStores::always
+                                   : NtStores::automatic;
+  if (auto m = settings::integer("SHMRING_MIGRATE")) c.migrate = *m != 0;
+  c.cma = static_cast<int>(settings::integer("SHMRING_CMA").value_or(1));
+  c.cma_large = static_cast<int>(settings::integer("SHMRING_CMA_LARGE").value_or(-1));
+  c.cma_min_bytes = static_cast<std::size_t>(
+      settings::integer("SHMRING_CMA_MIN_BYTES").value_or(kDefaultCmaMinBytes));
   if (o.oversubscribed < -1 || o.oversubscribed > 1)
     throw InvalidArgumentError(
         fmt::format("Options::oversubscribed={}: expected 1 (waits never spin), 0 (they may) or -1 "
@@ -479,15 +461,8 @@ void resolve_settings_impl(const Options& o, Config& c) {
                     o.oversubscribed));
   c.oversubscribed_request = o.oversubscribed;
   if (c.oversubscribed_request < 0) {
-    if (auto raw = env_string("SHMRING_OVERSUBSCRIBED")) {
-      if (*raw == "1")
-        c.oversubscribed_request = 1;
-      else if (*raw == "0")
-        c.oversubscribed_request = 0;
-      else if (*raw != "auto")
-        throw InvalidArgumentError(
-            fmt::format("SHMRING_OVERSUBSCRIBED='{}': expected 1, 0 or auto", *raw));
-    }
+    if (auto v = settings::choice("SHMRING_OVERSUBSCRIBED"))
+      c.oversubscribed_request = *v == "1" ? 1 : *v == "0" ? 0 : -1;
   }
 }
 }  // namespace

@@ -1,12 +1,14 @@
 #pragma once
 
 // Tunables and rank discovery. Every tunable is read from one environment
-// variable, validated, and reported by SHMRING_DEBUG=INFO.
+// variable declared in base/settings.hpp (its one table and parser),
+// validated, and reported by Communicator::config() and SHMRING_DEBUG=INFO.
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "base/settings.hpp"
 #include "shmring/communicator.hpp"
 
 namespace shmring::detail {
@@ -22,14 +24,8 @@ inline constexpr std::size_t kCrowdedSliceBytes = 64 * 1024;
 inline constexpr double kDefaultTimeoutS = 300.0;
 inline constexpr std::size_t kDefaultDirectBytes = 64 * 1024;
 
-/// Environment variable `name`, or nullopt when unset or empty.
-std::optional<std::string> env_string(const char* name);
-/// Integer in [lo, hi] from `name`; throws InvalidArgumentError naming the
-/// variable, the value and the range, then `why` (where the range comes
-/// from, e.g. "below LOCAL_WORLD_SIZE=2") when given.
-std::optional<long long> env_int(const char* name, long long lo, long long hi,
-                                 const std::string& why = {});
-std::optional<double> env_double(const char* name, double lo, double hi);
+/// SHMRING_CMA_MIN_BYTES's default (src/core/comm.hpp cma_min_bytes has the numbers).
+inline constexpr std::size_t kDefaultCmaMinBytes = 16 * 1024;
 
 /// Resolves options + environment + defaults into a Config (segment_name,
 /// segment_bytes and the placement-dependent fields are filled later: see

@@ -1,8 +1,8 @@
 #include "base/log.hpp"
+#include "base/settings.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -11,9 +11,9 @@ namespace shmring::detail {
 namespace {
 
 spdlog::level::level_enum level_from_env() {
-  const char* v = std::getenv("SHMRING_DEBUG");
-  if (v == nullptr || *v == '\0') return spdlog::level::warn;
-  std::string s(v);
+  const auto v = settings::text("SHMRING_DEBUG");
+  if (!v) return spdlog::level::warn;
+  std::string s = *v;
   for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (s == "TRACE") return spdlog::level::trace;
   if (s == "DEBUG") return spdlog::level::debug;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "base/log.hpp"
+#include "base/settings.hpp"
 
 namespace shmring {
 
@@ -158,11 +159,9 @@ Communicator::Impl::~Impl() {
 namespace detail {
 
 int progress_cpu_from_env(int rank) {
-  const char* v = std::getenv("SHMRING_PROGRESS_CPU");
-  if (v == nullptr || *v == '\0') return -1;
-  char* end = nullptr;
-  errno = 0;
-  long cpu = std::strtol(v, &end, 10);
+  const auto raw = settings::text("SHMRING_PROGRESS_CPU");
+  if (!raw) return -1;
+  const std::string& v = *raw;
   cpu_set_t mask;
   CPU_ZERO(&mask);
   const bool have_mask = sched_getaffinity(0, sizeof(mask), &mask) == 0;
@@ -173,11 +172,15 @@ int progress_cpu_from_env(int rank) {
       if (CPU_ISSET(i, &mask)) s += fmt::format("{}{}", s.empty() ? "" : ",", i);
     return s;
   };
-  if (errno != 0 || end == v || *end != '\0' || cpu < 0 || cpu >= CPU_SETSIZE)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: SHMRING_PROGRESS_CPU='{}': expected a CPU number (one of this process's CPUs: "
-        "{}) or nothing",
-        rank, v, allowed()));
+  long long cpu = -1;
+  try {
+    const settings::Setting& s = settings::Name("SHMRING_PROGRESS_CPU").setting();
+    cpu = settings::parse_integer(
+        s.name, v, s.lo, s.hi, 0,
+        fmt::format("a CPU number (one of this process's CPUs: {}) or nothing", allowed()), {});
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(fmt::format("rank {}: {}", rank, e.what()));
+  }
   if (have_mask && !CPU_ISSET(static_cast<int>(cpu), &mask))
     throw InvalidArgumentError(
         fmt::format("rank {}: SHMRING_PROGRESS_CPU={}: CPU {} is not in this process's affinity "

@@ -121,17 +121,11 @@ std::string pid_text(int pid) {
 // The launcher's job nonce (shmrun sets SHMRING_JOB_NONCE, 1 to 16 hex
 // digits, fresh per job); 0 when there is none.
 std::uint64_t launcher_nonce(int rank) {
-  auto s = env_string("SHMRING_JOB_NONCE");
-  if (!s) return 0;
-  errno = 0;
-  char* end = nullptr;
-  unsigned long long v = std::strtoull(s->c_str(), &end, 16);
-  if (errno != 0 || end == s->c_str() || *end != '\0' || s->size() > 16 || v == 0)
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: SHMRING_JOB_NONCE='{}': expected 1 to 16 hex digits, not all zero (shmrun "
-        "sets it)",
-        rank, *s));
-  return v;
+  try {
+    return settings::hex("SHMRING_JOB_NONCE").value_or(0);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(fmt::format("rank {}: {}", rank, e.what()));
+  }
 }
 
 Collision classify(const Header& h, const Identity& me) {

@@ -29,7 +29,7 @@ void futex_wake_all(std::atomic<std::uint32_t>& word) {
 }
 
 bool register_asymmetric_fence() {
-  if (env_int("SHMRING_MEMBARRIER", 0, 1).value_or(1) == 0) return false;
+  if (settings::integer("SHMRING_MEMBARRIER").value_or(1) == 0) return false;
   const long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   if (cmds < 0 || !(cmds & MEMBARRIER_CMD_GLOBAL_EXPEDITED)) return false;
   return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0 &&

@@ -1,0 +1,286 @@
+#pragma once
+
+// The one table of shmring's environment variables, and the one parser
+// that reads them.
+//
+// Every SHMRING_* variable that shmring's code or scripts read is declared
+// once in kSettings: its type, default, allowed values, audience, who reads
+// it and one line of doc. The library reads its variables only through the
+// typed lookups below, whose Name argument is checked against the table at
+// compile time: reading an undeclared SHMRING_* name does not compile.
+// `shmrun --info` prints the table with the values in effect, and
+// docs/reference/environment.md is `shmrun --info --markdown`
+// (tests/launcher/meson.build checks both, and that every SHMRING_* name in
+// src/, python/ and tools/ is declared here).
+//
+// A refused value throws InvalidArgumentError "NAME='value': expected ...",
+// naming the variable, the value as given and what was expected.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace shmring::detail::settings {
+
+/// Who sets a variable: users (user), benchmarks and performance work
+/// (tuning), debugging (debug), or the repository's build and test scripts
+/// (development; not read by the library).
+enum class Audience : std::uint8_t { user, tuning, debug, development };
+
+/// How the value is read. integer/number: a decimal in [lo, hi] (and a
+/// multiple of `multiple` when it is not 0); choice: one of `choices`;
+/// hex: 1 to 16 hex digits, not all zero; text: any non-empty string,
+/// checked by its reader; bytes: an integer >= 0 (the MPI layer's parser).
+enum class Kind : std::uint8_t { integer, number, choice, hex, text, bytes };
+
+struct Setting {
+  std::string_view name;
+  Kind kind;
+  Audience audience;
+  /// The default as a user would write it, or how it is decided.
+  std::string_view default_value;
+  /// Allowed values, as the refusal says after "expected ".
+  std::string_view expected;
+  std::string_view doc;
+  /// Who reads it: "libshmring" (through this table), or where a reader
+  /// outside the library lives.
+  std::string_view readers = "libshmring";
+  long long lo = 0, hi = 0;  ///< integer bounds
+  long long multiple = 0;    ///< integer: a multiple of this (0: any)
+  double number_lo = 0, number_hi = 0;
+  /// choice: "value" or "spelling=value", comma-separated; the lookup
+  /// returns the value. Compared case-insensitively unless exact_case.
+  std::string_view choices = {};
+  bool exact_case = false;
+};
+
+inline constexpr long long kMaxRanks = 4096;
+
+// clang-format off
+inline constexpr Setting kSettings[] = {
+  // --- user: who runs where, how long to wait, what to log ---------------
+  {.name = "SHMRING_RANK", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "the launcher's (shmrun sets it)", .expected = "",
+   .doc = "This process's rank, below SHMRING_WORLD_SIZE.",
+   .lo = 0, .hi = kMaxRanks - 1},
+  {.name = "SHMRING_WORLD_SIZE", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "the launcher's (shmrun sets it)", .expected = "",
+   .doc = "Number of ranks of the job.", .lo = 1, .hi = kMaxRanks},
+  {.name = "SHMRING_LOCAL_RANK", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "SHMRING_RANK", .expected = "",
+   .doc = "Rank among the processes on this host, below SHMRING_LOCAL_WORLD_SIZE.",
+   .lo = 0, .hi = kMaxRanks - 1},
+  {.name = "SHMRING_LOCAL_WORLD_SIZE", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "SHMRING_WORLD_SIZE", .expected = "",
+   .doc = "Ranks on this host, at most SHMRING_WORLD_SIZE.", .lo = 1, .hi = kMaxRanks},
+  {.name = "SHMRING_JOB_ID", .kind = Kind::text, .audience = Audience::user,
+   .default_value = "the launcher's job (shmrun: random)",
+   .expected = "1 to 64 characters from [A-Za-z0-9._-]",
+   .doc = "Names the job's segment: the same on every rank of one job.",
+   .readers = "libshmring, shmrun (tools/shmrun.cpp)"},
+  {.name = "SHMRING_JOB_NONCE", .kind = Kind::hex, .audience = Audience::user,
+   .default_value = "none (shmrun sets a fresh one)",
+   .expected = "1 to 16 hex digits, not all zero (shmrun sets it)",
+   .doc = "Fresh per launch: tells two jobs given the same job id apart."},
+  {.name = "SHMRING_TIMEOUT", .kind = Kind::number, .audience = Audience::user,
+   .default_value = "300", .expected = "",
+   .doc = "Seconds any wait may last before it fails with TimeoutError.",
+   .readers = "libshmring, torch backend (python/torch/process_group.cpp)",
+   .number_lo = 0.001, .number_hi = 1e9},
+  {.name = "SHMRING_THREADS", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "automatic (the rank's share of the job's CPUs)", .expected = "",
+   .doc = "Reduction threads per rank (shmrun --threads).", .lo = 1, .hi = 1024},
+  {.name = "SHMRING_OVERSUBSCRIBED", .kind = Kind::choice, .audience = Audience::user,
+   .default_value = "auto", .expected = "1, 0 or auto",
+   .doc = "1: the CPUs are shared with other busy processes, waits never spin; 0: they may.",
+   .readers = "libshmring, libshmring_mpi (src/mpi/topology.cpp)", .choices = "1,0,auto", .exact_case = true},
+  {.name = "SHMRING_PROGRESS_CPU", .kind = Kind::integer, .audience = Audience::user,
+   .default_value = "unpinned",
+   .expected = "a CPU number (one of this process's CPUs) or nothing",
+   .doc = "CPU the progress thread of non-blocking calls is pinned to.",
+   .lo = 0, .hi = 1023},
+  {.name = "SHMRING_DEBUG", .kind = Kind::text, .audience = Audience::user,
+   .default_value = "WARN", .expected = "TRACE, DEBUG, INFO, WARN, ERROR or OFF",
+   .doc = "Log level on stderr; any other non-empty value means INFO."},
+  {.name = "SHMRING_MPI_ON_ERROR", .kind = Kind::choice, .audience = Audience::user,
+   .default_value = "abort", .expected = "abort or throw",
+   .doc = "MPI layer: abort the MPI job on an error, or throw it to the caller.",
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)", .choices = "abort,throw"},
+
+  // --- tuning: ring shape, algorithms, waits, copies ---------------------
+  {.name = "SHMRING_SLOTS", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "4", .expected = "",
+   .doc = "Ring slots per rank (shmrun --slots).", .lo = 2, .hi = 62},
+  {.name = "SHMRING_SLOT_BYTES", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "262144", .expected = "a multiple of 4096 in [4096, 2^30]",
+   .doc = "Bytes per ring slot (shmrun --slot-bytes).",
+   .lo = 4096, .hi = 1ll << 30, .multiple = 4096},
+  {.name = "SHMRING_DIRECT_BYTES", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "65536", .expected = "a multiple of 4096 in [4096, 2^26]",
+   .doc = "Largest per-rank message of the direct (small-message) path.",
+   .lo = 4096, .hi = 1ll << 26, .multiple = 4096},
+  {.name = "SHMRING_ALGO", .kind = Kind::choice, .audience = Audience::tuning,
+   .default_value = "auto", .expected = "ring, direct, two_shot or auto",
+   .doc = "Forces the allreduce algorithm; auto picks by size.",
+   .choices = "ring,direct,two_shot,two-shot=two_shot,twoshot=two_shot,auto"},
+  {.name = "SHMRING_SPIN_US", .kind = Kind::number, .audience = Audience::tuning,
+   .default_value = "automatic (5, or 0 when oversubscribed)", .expected = "",
+   .doc = "Microseconds a wait busy-spins before it yields.",
+   .number_lo = 0, .number_hi = 1e6},
+  {.name = "SHMRING_YIELD_US", .kind = Kind::number, .audience = Audience::tuning,
+   .default_value = "automatic (2000)", .expected = "",
+   .doc = "Microseconds a wait yields the CPU before it sleeps on a futex.",
+   .number_lo = 0, .number_hi = 1e7},
+  {.name = "SHMRING_NT_STORES", .kind = Kind::choice, .audience = Audience::tuning,
+   .default_value = "auto", .expected = "auto, 0 or never, 1 or always",
+   .doc = "Non-temporal stores for slot copies; auto: on AMD for 16-128 KiB slices.",
+   .choices = "auto,0=never,never,1=always,always"},
+  {.name = "SHMRING_MIGRATE", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "1", .expected = "",
+   .doc = "1: a rank whose awaited peer shares its CPU moves to a free CPU of its mask.",
+   .lo = 0, .hi = 1},
+  {.name = "SHMRING_CMA", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "1", .expected = "",
+   .doc = "1: read peers' memory in one copy (process_vm_readv) where allowed; 0: never.",
+   .lo = 0, .hi = 1},
+  {.name = "SHMRING_CMA_LARGE", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "measured at startup", .expected = "",
+   .doc = "1: staged collectives' blocks past 256 KiB go in one copy too; 0: never.",
+   .lo = 0, .hi = 1},
+  {.name = "SHMRING_CMA_MIN_BYTES", .kind = Kind::integer, .audience = Audience::tuning,
+   .default_value = "16384", .expected = "",
+   .doc = "Smallest point-to-point message read in one copy.", .lo = 0, .hi = 1ll << 40},
+  {.name = "SHMRING_MPI_ALGO", .kind = Kind::choice, .audience = Audience::tuning,
+   .default_value = "auto", .expected = "auto, leaders, shards or flat",
+   .doc = "MPI layer: the allreduce across nodes.",
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)", .choices = "auto,leaders,shards,flat"},
+  {.name = "SHMRING_MPI_SHARDS_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
+   .default_value = "automatic (65536 where each rank has a CPU)",
+   .expected = "a number of bytes (an integer >= 0)",
+   .doc = "MPI layer: messages from this size use the shards allreduce.",
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+  {.name = "SHMRING_MPI_PIECE_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
+   .default_value = "auto", .expected = "a number of bytes (an integer >= 0)",
+   .doc = "MPI layer: pipeline piece size of the hierarchical allreduce; 0: no pipelining.",
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+  {.name = "SHMRING_MPI_CALL_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
+   .default_value = "2097152", .expected = "0 (one call) or at least 4096 bytes",
+   .doc = "MPI layer: most bytes one MPI call between nodes moves.",
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+
+  // --- debug ---------------------------------------------------------------
+  {.name = "SHMRING_MEMBARRIER", .kind = Kind::integer, .audience = Audience::debug,
+   .default_value = "1", .expected = "",
+   .doc = "0: never use membarrier(2); every publish then fences.", .lo = 0, .hi = 1},
+  {.name = "SHMRING_FAKE_NODE", .kind = Kind::text, .audience = Audience::debug,
+   .default_value = "unset", .expected = "a node number",
+   .doc = "Set by tools/fake-nodes: the fake node of this rank, for scripts to read.",
+   .readers = "tools/fake-nodes (sets it)"},
+
+  // --- development: the repository's build and test scripts ----------------
+  {.name = "SHMRING_BUILD_DIR", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "build", .expected = "a directory",
+   .doc = "Build directory of tools/check and tools/quickstart.",
+   .readers = "tools/check, tools/quickstart"},
+  {.name = "SHMRING_JOBS", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "2", .expected = "a number of jobs",
+   .doc = "ninja -j of tools/sanitize.", .readers = "tools/sanitize"},
+  {.name = "SHMRING_SANITIZE_BUILD_DIR", .kind = Kind::text,
+   .audience = Audience::development, .default_value = "build-asan or build-tsan",
+   .expected = "a directory", .doc = "Build directory of tools/sanitize.",
+   .readers = "tools/sanitize"},
+  {.name = "SHMRING_SANITIZE_TESTS", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "a list in tools/sanitize", .expected = "test names",
+   .doc = "Tests tools/sanitize runs.", .readers = "tools/sanitize"},
+  {.name = "SHMRING_TIMEOUT_MULT", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "3", .expected = "a number",
+   .doc = "meson test --timeout-multiplier of tools/sanitize.", .readers = "tools/sanitize"},
+  {.name = "SHMRING_TEST_QUICK", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "unset", .expected = "1",
+   .doc = "1: the long tests run a smaller matrix (tools/sanitize sets it).",
+   .readers = "tests, tools/sanitize"},
+  {.name = "SHMRING_TEST_TAG", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "the test's pid", .expected = "a job-id-safe tag",
+   .doc = "Tag in the tests' job ids, so that parallel runs never share a segment.",
+   .readers = "tests/harness.hpp, tools/check, tools/sanitize"},
+  {.name = "SHMRING_TEST_TIMEOUT_SCALE", .kind = Kind::text,
+   .audience = Audience::development, .default_value = "1", .expected = "a number",
+   .doc = "How much slower than native the tests run (tools/check sets 4 under emulation).",
+   .readers = "tests/harness.hpp, tools/check"},
+  {.name = "SHMRING_FUZZ_SECONDS", .kind = Kind::text, .audience = Audience::development,
+   .default_value = "a bound in tests/faults/run_fuzz.sh", .expected = "seconds",
+   .doc = "How long the header fuzzer runs.", .readers = "tests/faults/run_fuzz.sh"},
+};
+// clang-format on
+
+/// Index of `name` in kSettings, or kSettings' size when undeclared.
+constexpr std::size_t index_of(std::string_view name) {
+  std::size_t i = 0;
+  for (const Setting& s : kSettings) {
+    if (s.name == name) return i;
+    ++i;
+  }
+  return i;
+}
+
+/// Called only by a Name that is not in the table: not constexpr, so such a
+/// Name does not compile.
+void undeclared_setting_name();
+
+/// A declared variable's name; a string that is not in kSettings is a
+/// compile-time error.
+class Name {
+ public:
+  consteval Name(const char* name) : index_(index_of(name)) {  // NOLINT: implicit on purpose
+    if (index_ == std::size(kSettings)) undeclared_setting_name();
+  }
+  const Setting& setting() const { return kSettings[index_]; }
+
+ private:
+  std::size_t index_;
+};
+
+/// The declaration of `name` (runtime names: the launchers' variables),
+/// or nullptr.
+const Setting* find(std::string_view name);
+
+/// The variable's text, or nullopt when unset or empty. The one place the
+/// library reads a SHMRING_* variable.
+std::optional<std::string> text(Name name);
+
+/// An integer in the table's range (and multiple). `lo`, `hi` narrow it
+/// where the range depends on another value (a rank below the world size);
+/// `why` says where the bound comes from, in parentheses after the range.
+std::optional<long long> integer(Name name);
+std::optional<long long> integer(Name name, long long lo, long long hi, std::string_view why = {});
+/// A number in the table's range (finite).
+std::optional<double> number(Name name);
+/// One of the table's choices, as its value (spellings mapped, lower case
+/// unless exact_case).
+std::optional<std::string> choice(Name name);
+/// 1 to 16 hex digits, not all zero.
+std::optional<std::uint64_t> hex(Name name);
+
+/// Throws InvalidArgumentError "NAME='value': expected <what>".
+[[noreturn]] void refuse(std::string_view name, std::string_view value, std::string_view what);
+
+/// Parses `raw` as `s` says, throwing as the lookups do; for checking a
+/// value before it is set (shmrun --info, -x). Kind::text, bytes: accepted.
+void check(const Setting& s, const std::string& raw);
+
+/// The parsers behind the lookups, for the other launchers' variables
+/// (RANK, OMPI_COMM_WORLD_SIZE, ...) that share their messages.
+long long parse_integer(std::string_view name, const std::string& raw, long long lo, long long hi,
+                        long long multiple, std::string_view expected, std::string_view why);
+double parse_number(std::string_view name, const std::string& raw, double lo, double hi);
+
+std::string_view audience_name(Audience a);
+std::string_view kind_name(Kind k);
+/// "[lo, hi]", the choices, or the expected text: what --info shows as
+/// the allowed values.
+std::string allowed(const Setting& s);
+
+}  // namespace shmring::detail::settings
