@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "base/config.hpp"
 #include "base/settings.hpp"
+#include "engine/tuning.hpp"
 #include "shmring/error.hpp"
 #include "shmring/version.hpp"
 
@@ -125,6 +127,38 @@ void print_settings_markdown(std::FILE* out) {
   }
 }
 
+int print_algorithms(std::FILE* out, const InfoRequest& request) {
+  if (request.np <= 0) return 0;
+  // What rank 0 of an N-rank job started here would compute: the settings
+  // of the environment and the command line, and the CPUs shmrun may use
+  // as the job's (its ranks inherit its affinity mask).
+  for (const auto& [name, value] : request.command_line) ::setenv(name.c_str(), value.c_str(), 1);
+  Options o;
+  o.rank = 0;
+  o.world_size = request.np;
+  Config c;
+  c.rank = 0;
+  c.world_size = c.local_world_size = request.np;
+  try {
+    detail::resolve_settings(o, c);
+  } catch (const Error& e) {
+    std::fprintf(out, "\nalgorithm choices: not shown, a setting is refused: %s\n", e.what());
+    return 1;
+  }
+  const int cpus = detail::affinity_cpus();
+  detail::apply_placement(c, cpus, cpus, c.oversubscribed_request);
+  engine::TuningInputs in{request.np, c.oversubscribed, c.direct_bytes, std::nullopt};
+  if (c.algorithm == "ring") in.forced = Algorithm::ring;
+  if (c.algorithm == "direct") in.forced = Algorithm::direct;
+  if (c.algorithm == "two_shot") in.forced = Algorithm::two_shot;
+  std::fprintf(out, "\n%d CPUs for the job here; ", cpus);
+  std::fputs(engine::describe_choices(in).c_str(), out);
+  std::fprintf(out,
+               "The table and its measurements: src/engine/tuning.cpp, "
+               "docs/design/algorithms.md.\n");
+  return 0;
+}
+
 int print_info(std::FILE* out, const InfoRequest& request) {
   if (request.markdown) {
     print_settings_markdown(out);
@@ -132,8 +166,8 @@ int print_info(std::FILE* out, const InfoRequest& request) {
   }
   std::fprintf(out, "shmrun (shmring) %s\n\n", SHMRING_VERSION_STRING);
   const int refused = print_settings(out, request);
-  // Later sections (the collectives' algorithm choices for -n N) follow here.
-  return refused > 0 ? 1 : 0;
+  const int refused_choices = print_algorithms(out, request);
+  return refused > 0 || refused_choices > 0 ? 1 : 0;
 }
 
 }  // namespace shmring::launcher

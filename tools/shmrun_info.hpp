@@ -25,6 +25,11 @@ struct InfoRequest {
 /// would be refused by the workers (the message is printed with it).
 int print_info(std::FILE* out, const InfoRequest& request);
 
+/// Section (with -n N): the algorithm each collective takes at 8 B .. 64 MiB
+/// for N ranks on the CPUs shmrun may use, with the measurement behind each
+/// choice (src/engine/tuning.cpp). Returns 1 when a setting is refused.
+int print_algorithms(std::FILE* out, const InfoRequest& request);
+
 /// Section: every SHMRING_* variable with the value in effect, its source
 /// (default, environment, command line or shmrun), its default and its
 /// doc, grouped by audience. Returns the number of refused values.

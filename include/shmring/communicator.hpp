@@ -50,7 +50,7 @@ struct Options {
 
 /// When slot copies use non-temporal (streaming) stores. `automatic` uses
 /// them for slices of 16-128 KiB on AMD CPUs, where they measured faster,
-/// and not on Intel, where they measured slower (bench/README.md,
+/// and not on Intel, where they measured slower (docs/performance/notes,
 /// "Non-temporal slot writes").
 enum class NtStores : std::uint8_t { automatic, never, always };
 
@@ -226,7 +226,7 @@ class SHMRING_API Communicator {
   /// group has attached.
   Communicator split(int color, int key = 0);
 
-  // ---- The rest of the collective set (issue 14). Same collective-call
+  // ---- The rest of the collective set. Same collective-call
   // rules as above: every rank makes the same calls in the same order, and
   // the count vectors, displacements, roots and datatypes must agree where
   // MPI requires them to (a disagreement is MismatchError on every rank).

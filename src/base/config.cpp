@@ -238,13 +238,13 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
   // A layer above may know of busy processes outside the job (shmring's
   // MPI layer: other fake nodes' ranks on this machine). 2 fake nodes x 2
   // ranks on the 2-CPU VM, hierarchical allreduce, 5 interleaved fresh runs
-  // (bench/README.md, eleventh session): 2 MiB 1160-1878 us with the
+  // (docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md): 2 MiB 1160-1878 us with the
   // setting against 1254-2177 without, 4 MiB 2255-2722 against 3159-5288.
   c.oversubscribed = job_request >= 0 ? job_request == 1 : c.world_size > c.job_cpus;
   // Ranks that share a CPU hand each other every slice by a context switch.
   // A slice that fits the cache the writer filled is still there when the
   // reader runs; four 256 KiB slices are not. N=2 under `taskset -c 0`, 1 /
-  // 4 / 16 MiB, us, 256 KiB slices against 64 KiB (bench/README.md,
+  // 4 / 16 MiB, us, 256 KiB slices against 64 KiB (docs/performance/notes,
   // thirteenth session): allreduce 202 / 859 / 3365 against 122 / 608 /
   // 2340, reduce 93 / 443 / 1726 against 66 / 377 / 1482, broadcast
   // 95 / 451 / 1718 against 67 / 355 / 1442; 32 and 128 KiB were slower

@@ -93,7 +93,7 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::barrier:
       if (size > 1) algo::barrier_low_latency(*this);
       break;
-    // Issue 14's collectives (staged.cpp; they handle world size 1 too).
+    // The staged collectives (staged.cpp; they handle world size 1 too).
     case CollectiveKind::alltoall:
       if (d.algorithm == Algorithm::low_latency)
         algo::alltoall_low_latency(*this, o.send, o.recv, d.count, d.dtype);

@@ -242,7 +242,7 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // half the CPUs of their machine, the threads take turns on the CPUs and
   // the pieces' extra synchronisations are pure cost: on 2 fake nodes x 2
   // ranks sharing 2 CPUs, one piece took 556-689 us at 1 MiB against
-  // 942-987 pipelined, 14.6 ms against 16.5 at 16 MiB (bench/README.md).
+  // 942-987 pipelined, 14.6 ms against 16.5 at 16 MiB (docs/performance/notes).
   cpu_info.resize(static_cast<std::size_t>(size));
   const CpuInfo my_info = my_cpu_info();
   check_mpi(MPI_Allgather(&my_info, 17, MPI_UINT64_T, cpu_info.data(), 17, MPI_UINT64_T, world),
@@ -289,7 +289,7 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // The node communicator sees only its own ranks' CPUs. Where this
   // machine runs more ranks (other nodes' too: containers, fake nodes) than
   // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
-  // x 2 ranks on 2 CPUs: bench/README.md, eleventh session). The caller's
+  // x 2 ranks on 2 CPUs: docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md). The caller's
   // Options::node or SHMRING_OVERSUBSCRIBED, when 0 or 1, decides instead.
   const char* env = std::getenv("SHMRING_OVERSUBSCRIBED");
   const bool env_auto = env == nullptr || *env == '\0' || std::string_view(env) == "auto";

@@ -135,6 +135,24 @@ def check_info(shmrun):
         failures.append(f"audience groups missing or out of order: {titles}")
     if run.returncode != 0:
         failures.append(f"exit {run.returncode} with every value good")
+    # -n N: the algorithm table's choices for N ranks (src/engine/tuning.cpp).
+    for want in ("algorithm choices for N=3 ranks", ", SHMRING_ALGO=ring",
+                 "forced by SHMRING_ALGO"):
+        if want not in out:
+            failures.append(f"--info -n 3 -x SHMRING_ALGO=ring: missing {want!r}")
+    env2 = {k: v for k, v in env.items() if k not in ("SHMRING_ALGO", "SHMRING_SLOTS")}
+    env2["SHMRING_OVERSUBSCRIBED"] = "0"
+    two = subprocess.run([shmrun, "--info", "-n", "2"], capture_output=True, text=True, env=env2)
+    rows = [l.split() for l in two.stdout.splitlines()
+            if l.startswith("  allreduce ") and "(16-bit)" not in l]
+    # N=2 on CPUs of their own: the line up to 104 B, one-shot to 512 B, the
+    # ring above (its own row up to the 64 KiB direct buffer, then past it).
+    expect = [["allreduce", "8", "B", "..", "64", "B", "low-latency"],
+              ["allreduce", "128", "B", "..", "512", "B", "direct"],
+              ["allreduce", "1", "KiB", "..", "64", "KiB", "ring"],
+              ["allreduce", "128", "KiB", "..", "64", "MiB", "ring"]]
+    if [r[:7] for r in rows] != expect:
+        failures.append(f"--info -n 2: allreduce rows {[r[:7] for r in rows]}, expected {expect}")
     env["SHMRING_SLOTS"] = "99"
     bad = subprocess.run([shmrun, "--info"], capture_output=True, text=True, env=env)
     want = "      refused: SHMRING_SLOTS='99': expected an integer in [2, 62]\n"
