@@ -57,12 +57,12 @@ void Communicator::Impl::settings(const Options& options) {
   detail::set_log_rank(cfg.rank);
   cfg.progress_cpu = progress_cpu = detail::progress_cpu_from_env(cfg.rank);
   // Resolved with the other settings (base/config.cpp); Impl keeps copies.
-  cma_mode = cfg.cma;
-  cma_min_bytes = cfg.cma_min_bytes;
-  cma_large = cfg.cma_large;
+  single_copy.mode = cfg.cma;
+  single_copy.min_bytes = cfg.cma_min_bytes;
+  single_copy.large = cfg.cma_large;
   // Asked for explicitly: let the peers read us even under Yama's
   // ptrace_scope=1 (any process of this user may then attach to us).
-  if (cma_mode == 1 && detail::settings::text("SHMRING_CMA")) detail::allow_cma_readers();
+  if (single_copy.mode == 1 && detail::settings::text("SHMRING_CMA")) detail::allow_cma_readers();
   rank = cfg.rank;
   size = cfg.world_size;
   left = (rank + size - 1) % size;
@@ -139,9 +139,9 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   // Measured here, once per process, after placement and outside any
   // collective's time.
   double cma_ratio = 0;
-  if (c.cma_mode == 1 && c.cma_large < 0) {
+  if (c.single_copy.mode == 1 && c.single_copy.large < 0) {
     cma_ratio = detail::cma_copy_ratio();
-    c.cma_large = cma_ratio <= detail::kCmaLargeMaxRatio ? 1 : 0;
+    c.single_copy.large = cma_ratio <= detail::kCmaLargeMaxRatio ? 1 : 0;
   }
 
   SHMRING_LOG(info,
@@ -156,8 +156,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
               cfg.nt_stores == NtStores::automatic ? "auto"
               : cfg.nt_stores == NtStores::always  ? "always"
                                                    : "never",
-              detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.cma_mode,
-              c.cma_large,
+              detail::copy_streaming_isa(), cfg.migrate ? 1 : 0, cfg.job_cpus, c.single_copy.mode,
+              c.single_copy.large,
               cma_ratio > 0 ? fmt::format("{:.2f}", cma_ratio) : std::string("not measured"),
               c.light_publish ? 1 : 0, cfg.oversubscribed ? " (oversubscribed)" : "");
 }

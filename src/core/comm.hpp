@@ -40,6 +40,31 @@ struct RingEdgeState {
   bool right_checked = false;  ///< acquire_send_slot checked right's descriptor
 };
 
+/// Single copy (process_vm_readv from a peer's memory, transport/cma.hpp):
+/// the settings as the constructor resolved them (Config::cma,
+/// cma_large, cma_min_bytes) and what it measured. Point-to-point messages
+/// and the staged collectives' single-copy round use it.
+struct SingleCopyState {
+  /// SHMRING_CMA: 0 never reads a peer's memory; 1, the default, does where
+  /// the kernel allows it.
+  int mode = 1;
+  /// SHMRING_CMA_LARGE: 1 takes the staged collectives' blocks past 256 KiB
+  /// in one copy as well, 0 never; unset, the constructor decides by
+  /// measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy off).
+  int large = -1;
+  /// SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
+  /// Messages that do not go eager (past kP2pEagerBytes, 16 KiB, or with the
+  /// outbox full) were staged up to 64 KiB (an early guess): a ping-pong of
+  /// 17-49 KiB (sendrecv_perf, N=2, Intel VM,
+  /// docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md) took
+  /// 3.9-7.6 us one way staged and 1.7-2.9 us in one copy (Open MPI, which
+  /// reads its large messages the same way: 1.7-2.8).
+  std::size_t min_bytes = 16 * 1024;
+  /// Whether this rank can read every peer's memory (staged.cpp
+  /// cma_capable): -1 not probed yet, else 0 or 1.
+  int probed = -1;
+};
+
 /// The one-line path's bookkeeping (algorithms/low_latency.cpp).
 struct LowLatencyState {
   /// The last collective whose every peer line this rank read (+1; 0: none).
@@ -83,30 +108,12 @@ struct Communicator::Impl {
   // done counter every rank must reach before a direct buffer is rewritten:
   // a staged collective c reads both buffers, so it sets c + 1.
   std::uint64_t staged_done_needed = 0;
-  // SHMRING_CMA: 0 never reads a peer's memory with process_vm_readv
-  // (cma.hpp); 1, the default, does where the kernel allows it. Point-to-
-  // point messages and the staged collectives' single-copy round use it.
-  int cma_mode = 1;
-  // SHMRING_CMA_LARGE: 1 takes the staged collectives' blocks past 256 KiB
-  // in one copy as well, 0 never; unset, the constructor decides by
-  // measuring (cma.hpp kCmaLargeMaxRatio). -1: not decided (single copy
-  // off).
-  int cma_large = -1;
   // Every rank registered for the asymmetric fence (wait.hpp,
   // Config::asymmetric_fence): publish() needs no fence. False until the
   // constructor has seen every rank attach, and where any rank's kernel
   // refused or SHMRING_MEMBARRIER=0.
   bool light_publish = false;
-  // SHMRING_CMA_MIN_BYTES: the smallest point-to-point message read so.
-  // Messages that do not go eager (past kP2pEagerBytes, 16 KiB, or with the
-  // outbox full) were staged up to 64 KiB (an early guess): a ping-pong of
-  // 17-49 KiB (sendrecv_perf, N=2, Intel VM, eleventh session) took
-  // 3.9-7.6 us one way staged and 1.7-2.9 us in one copy (Open MPI, which
-  // reads its large messages the same way: 1.7-2.8).
-  std::size_t cma_min_bytes = 16 * 1024;
-  // Whether this rank can read every peer's memory (staged.cpp
-  // cma_capable): -1 not probed yet, else 0 or 1.
-  int cma_probed = -1;
+  SingleCopyState single_copy;  // process_vm_readv between ranks (transport/cma.hpp)
   /// Checks that a collective's path leaves to later collectives (the
   /// staged collectives' eager gathers and scatters return before their
   /// readers are done: algorithms/staged/staged_eager.cpp). begin() runs

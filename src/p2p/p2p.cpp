@@ -173,8 +173,8 @@ namespace detail {
 P2p::P2p(Communicator::Impl& c)
     : c_(c),
       base_(c.seg->p2p_base()),
-      cma_(c.cma_mode),                 // SHMRING_CMA and SHMRING_CMA_MIN_BYTES, parsed (and
-      cma_min_bytes_(c.cma_min_bytes),  // PR_SET_PTRACER set) by the constructor
+      cma_(c.single_copy.mode),  // SHMRING_CMA and SHMRING_CMA_MIN_BYTES, parsed (and
+      cma_min_bytes_(c.single_copy.min_bytes),  // PR_SET_PTRACER set) by the constructor
       fork_gen_(fork_generation()) {
   peers_.resize(static_cast<std::size_t>(c.size));
 }

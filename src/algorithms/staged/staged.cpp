@@ -327,8 +327,8 @@ namespace {
 // own address (so that a pid of another pid namespace, naming some other
 // process, cannot pass).
 bool cma_capable(Communicator::Impl& c) {
-  if (c.cma_probed < 0) {
-    bool ok = c.cma_mode == 1;
+  if (c.single_copy.probed < 0) {
+    bool ok = c.single_copy.mode == 1;
     int refused_by = -1, err = 0;
     for (int q = 0; ok && q < c.size; ++q) {
       if (q == c.rank) continue;
@@ -341,14 +341,14 @@ bool cma_capable(Communicator::Impl& c) {
       ok = err == 0 && seen == addr;
       if (!ok) refused_by = q;
     }
-    if (!ok && c.cma_mode == 1)
+    if (!ok && c.single_copy.mode == 1)
       SHMRING_LOG(info,
                   "single-copy reads (process_vm_readv) of rank {} refused ({}): staged "
                   "collectives copy through shared memory",
                   refused_by, err != 0 ? std::strerror(err) : "read another value");
-    c.cma_probed = ok ? 1 : 0;
+    c.single_copy.probed = ok ? 1 : 0;
   }
-  return c.cma_probed == 1;
+  return c.single_copy.probed == 1;
 }
 
 }  // namespace
@@ -356,7 +356,7 @@ bool cma_capable(Communicator::Impl& c) {
 // What this rank publishes in its descriptor's `cma` word (layout.hpp).
 std::uint64_t cma_word(Communicator::Impl& c, const void* data) {
   if (!cma_capable(c)) return 0;
-  return detail::kCmaCapable | (c.cma_large == 1 ? detail::kCmaLarge : 0) |
+  return detail::kCmaCapable | (c.single_copy.large == 1 ? detail::kCmaLarge : 0) |
          reinterpret_cast<std::uint64_t>(data);
 }
 
@@ -485,7 +485,7 @@ bool single_copy(Communicator::Impl& c, std::size_t largest) {
 // nothing); when the round does not happen (a peer cannot read), the data
 // rounds carry the blocks instead of round 0.
 bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
-  return local_largest >= single_copy_min(c, c.cma_large == 1) && cma_capable(c);
+  return local_largest >= single_copy_min(c, c.single_copy.large == 1) && cma_capable(c);
 }
 
 bool someone_left_inline_out(Communicator::Impl& c) {
