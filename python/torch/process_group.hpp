@@ -42,6 +42,8 @@
 
 namespace shmring::torch_backend {
 
+class CrossNode;
+
 class ProcessGroupShmring : public BackendBase {
  public:
   /// Collective over the group's `size` ranks: rank 0 writes a fresh random
@@ -138,7 +140,8 @@ class ProcessGroupShmring : public BackendBase {
   // Declared before comm_: destroyed after it, so the completions the
   // communicator's destructor delivers still find their threads.
   Completions completions_;
-  std::unique_ptr<Communicator> comm_;  // null once shut down
+  std::unique_ptr<Communicator> comm_;  // null once shut down, and across hosts
+  std::unique_ptr<CrossNode> cross_;    // a group across hosts (multi_node.hpp)
   std::string job_id_;
   std::mutex call_mutex_;  // one i-call at a time on comm_ (call order is the contract)
 };
