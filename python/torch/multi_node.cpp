@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -34,12 +35,6 @@ std::string describe(std::exception_ptr error) {
   }
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string out;
-  for (int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
-  return out;
-}
-
 // The interface gloo's connections use: GLOO_SOCKET_IFNAME (its first
 // name), as torch's own gloo groups read it, else the host name's address.
 std::shared_ptr<::gloo::transport::Device> gloo_device() {
@@ -60,6 +55,17 @@ c10::intrusive_ptr<BackendBase> make_gloo(const c10::intrusive_ptr<::c10d::Store
   options->threads = 2;
   auto prefixed = c10::make_intrusive<::c10d::PrefixStore>(prefix, store);
   return c10::make_intrusive<::c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+}
+
+// False once `pid` has exited (gone, or a zombie its parent has not reaped).
+bool process_alive(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
 }
 
 bool is_16bit(at::ScalarType t) {
@@ -177,11 +183,6 @@ at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
 }
 
 }  // namespace
-
-bool NodeLayout::equal() const {
-  return std::all_of(nodes.begin(), nodes.end(),
-                     [&](const auto& n) { return n.size() == nodes[0].size(); });
-}
 
 WorkTask::WorkTask(int rank, ::c10d::OpType type, const char* title, std::vector<at::Tensor> result)
     : Work(rank, type, title),
@@ -332,45 +333,74 @@ void CrossNode::run() {
 }
 
 std::exception_ptr CrossNode::fail(const std::string& op, std::exception_ptr error) {
-  std::string mine = describe(std::move(error));
-  const std::string fault_key = prefix_ + "fault";
-  std::string message;
-  // A failure on another node reaches this one as a closed gloo connection
-  // or an abort carrying its reason: the first failure's words, from the
-  // store, say what happened and to which rank.
-  try {
-    if (store_->add(prefix_ + "faults", 1) == 1) {
-      message = "shmring backend: rank " + std::to_string(rank_) + " (on host " +
-                layout_.hosts[static_cast<std::size_t>(node_)] + ", local ranks 0.." +
-                std::to_string(layout_.nodes[static_cast<std::size_t>(node_)].size() - 1) +
-                " there are ranks " + join(layout_.nodes[static_cast<std::size_t>(node_)]) +
-                " of the group): " + op + ": " + mine;
-      store_->set(fault_key, std::vector<std::uint8_t>(message.begin(), message.end()));
-    } else {
-      store_->wait({fault_key}, std::chrono::milliseconds(3000));
-      const auto bytes = store_->get(fault_key);
-      message = std::string(bytes.begin(), bytes.end()) + " (seen on rank " +
-                std::to_string(rank_) + " as: " + mine + ")";
-    }
-  } catch (...) {
-    if (message.empty())
-      message = "shmring backend: rank " + std::to_string(rank_) + ": " + op + ": " + mine;
-  }
+  const std::string mine = describe(std::move(error));
+  const std::string here = "shmring backend: rank " + std::to_string(rank_) + ": " + op + ": ";
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (broken_.empty()) broken_ = message;
+    if (broken_.empty()) broken_ = here + mine;
   }
+  // First tell everyone: the node's ranks through the communicator, the
+  // other nodes through gloo's closed connections (now, not at their
+  // timeout). Every rank that fails does the same, so the failure spreads
+  // across every node in a few hops.
   try {
-    comm_->abort(message);
+    comm_->abort(here + mine);
   } catch (...) {
   }
   {
-    // Closing the connections is what tells the other nodes now rather
-    // than at their timeout.
     std::lock_guard<std::mutex> g(gloo_mutex_);
     leaders_.reset();
     shard_.reset();
     world_.reset();
+  }
+  // Then say why. A closed connection or an abort does not say which rank
+  // died; the ranks of the dead one's node can see it (its process is gone
+  // or a zombie) and publish it in the store for the others. A rank alone
+  // on its node has no one to see it: every failing rank reports in, and
+  // one that has not within kDeathNotice is named instead.
+  try {
+    store_->set(prefix_ + "reported/" + std::to_string(rank_), std::vector<std::uint8_t>{1});
+  } catch (...) {
+  }
+  const std::string dead_key = prefix_ + "dead";
+  std::string dead;
+  for (int r : layout_.nodes[static_cast<std::size_t>(node_)]) {
+    const int pid = layout_.pids[static_cast<std::size_t>(r)];
+    if (r == rank_ || process_alive(pid)) continue;
+    dead += std::string(dead.empty() ? "" : "; ") + "rank " + std::to_string(r) + " (pid " +
+            std::to_string(pid) + " on host " + layout_.hosts[static_cast<std::size_t>(node_)] +
+            ") died";
+  }
+  try {
+    if (!dead.empty()) {
+      store_->set(dead_key, std::vector<std::uint8_t>(dead.begin(), dead.end()));
+    } else {
+      store_->wait({dead_key}, kDeathNotice);
+      const auto bytes = store_->get(dead_key);
+      dead.assign(bytes.begin(), bytes.end());
+    }
+  } catch (...) {
+    // No rank of a node with peers died (a timeout, a mismatch, or a rank
+    // alone on its node), or the store is gone with it.
+  }
+  if (dead.empty()) {
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (store_->check({prefix_ + "reported/" + std::to_string(r)})) continue;
+        const auto node = static_cast<std::size_t>(layout_.node_of[static_cast<std::size_t>(r)]);
+        dead += std::string(dead.empty() ? "" : "; ") + "rank " + std::to_string(r) + " (pid " +
+                std::to_string(layout_.pids[static_cast<std::size_t>(r)]) + " on host " +
+                layout_.hosts[node] + ") died or hangs: it did not report within " +
+                std::to_string(kDeathNotice.count()) + " ms of the failure";
+      }
+    } catch (...) {
+    }
+  }
+  const std::string message =
+      dead.empty() ? here + mine : here + dead + " (this rank saw: " + mine + ")";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = message;
   }
   return std::make_exception_ptr(std::runtime_error(message));
 }

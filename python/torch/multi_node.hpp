@@ -35,21 +35,12 @@
 #include <thread>
 #include <vector>
 
+#include "node_layout.hpp"
 #include "shim.hpp"
 #include "shmring/communicator.hpp"
 #include "work.hpp"
 
 namespace shmring::torch_backend {
-
-/// Which node each rank of a group is on: nodes in order of their lowest
-/// rank, ranks of a node ascending.
-struct NodeLayout {
-  std::vector<std::vector<int>> nodes;  // global ranks of each node
-  std::vector<int> node_of;             // node of each rank
-  std::vector<int> local_of;            // index of each rank in its node
-  std::vector<std::string> hosts;       // host identity of each node
-  bool equal() const;                   // every node has as many ranks
-};
 
 /// Work of a cross-node collective: completed by the executor (wait()
 /// returns then); its future is completed on a completion thread.
@@ -118,6 +109,8 @@ class CrossNode {
   /// Allreduces of at least this many bytes take the sharded path (when the
   /// nodes are equal): SHMRING_TORCH_SHARD_BYTES, else kShardBytes.
   static constexpr std::size_t kShardBytes = 64 * 1024;
+  /// How long a failing rank waits for the dead rank's node to name it.
+  static constexpr std::chrono::milliseconds kDeathNotice{2000};
 
  private:
   using Body = std::function<void()>;

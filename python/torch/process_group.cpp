@@ -17,6 +17,7 @@
 #include <string>
 
 #include "convert.hpp"
+#include "node_layout.hpp"
 #if SHMRING_TORCH_GLOO
 #include "multi_node.hpp"
 #else
@@ -92,7 +93,9 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
   const std::string prefix = "shmring/" + std::to_string(generation) + "/";
   auto host_key = [&](int r) { return prefix + "host/" + std::to_string(r); };
   const std::string host = host_identity();
-  store->set(host_key(rank), std::vector<std::uint8_t>(host.begin(), host.end()));
+  // "pid host": the pid lets the ranks of a node tell which one died.
+  const std::string entry = std::to_string(getpid()) + " " + host;
+  store->set(host_key(rank), std::vector<std::uint8_t>(entry.begin(), entry.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(host_key(r));
   const std::chrono::milliseconds wait_ms = timeout.count() > 0 ? timeout : store->getTimeout();
@@ -114,7 +117,12 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
   layout.local_of.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     const std::vector<std::uint8_t> bytes = store->get(host_key(r));
-    const std::string theirs(bytes.begin(), bytes.end());
+    const std::string value(bytes.begin(), bytes.end());
+    const auto space = value.find(' ');
+    TORCH_CHECK(space != std::string::npos, "shmring backend: store key ", host_key(r), " holds '",
+                value, "', not a shmring host entry");
+    const std::string theirs = value.substr(space + 1);
+    layout.pids.push_back(std::atoi(value.substr(0, space).c_str()));
     auto it = std::find(layout.hosts.begin(), layout.hosts.end(), theirs);
     if (it == layout.hosts.end()) {
       layout.hosts.push_back(theirs);
