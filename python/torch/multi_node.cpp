@@ -225,7 +225,7 @@ CrossNode::CrossNode(const c10::intrusive_ptr<::c10d::Store>& store, const std::
   world_ = make_gloo(store, prefix_ + "gloo/world/", rank_, size_, timeout_);
   if (local_ == 0)
     make_gloo(store, prefix_ + "gloo/leaders/", node_, nnodes, timeout_).swap(leaders_);
-  if (layout_.equal() && layout_.nodes[0].size() > 1)
+  if (layout_.equal() && layout_.nodes[0].size() > 1 && shard_bytes_ != kShardBytes)
     shard_ = make_gloo(store, prefix_ + "gloo/shard/" + std::to_string(local_) + "/", node_, nnodes,
                        timeout_);
   executor_ = std::thread([this] { run(); });

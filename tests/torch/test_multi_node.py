@@ -18,9 +18,10 @@ FAKE_NODES = REPO / "tools" / "fake-nodes"
 WORKER = HERE / "multinode_worker.py"
 
 
-def run_rig(nodes, *args, timeout=420):
+def run_rig(nodes, *args, timeout=420, env_extra=None):
     env = dict(os.environ)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(env_extra or {})
     proc = subprocess.run(
         [str(FAKE_NODES), "--nodes", nodes, "--launcher", "torchrun", "--", str(WORKER), *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
@@ -45,8 +46,11 @@ def test_every_operation_across_fake_nodes(nodes):
     base, uneven), reduce, barrier, all_to_all(_single), gather, scatter,
     send/recv across nodes, new_group across and inside nodes, object
     collectives, async works and futures, DDP with comm hooks; exact
-    values, or gloo's over the same ranks."""
-    proc, left = run_rig(nodes, "ops")
+    values, or gloo's over the same ranks. On 2x2 allreduces from 4 KiB
+    take the sharded path (reduce-scatter, shard allreduce, allgather),
+    smaller ones and 3+1's all the leaders' path."""
+    shard = {"SHMRING_TORCH_SHARD_BYTES": "4096"} if nodes == "2x2" else {}
+    proc, left = run_rig(nodes, "ops", env_extra=shard)
     assert proc.returncode == 0, proc.stdout[-20000:]
     assert proc.stdout.count("multinode ops ok") == ranks_of(nodes), proc.stdout[-20000:]
     assert left == [], f"segments left in /dev/shm: {left}"
