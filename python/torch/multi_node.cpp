@@ -546,9 +546,40 @@ c10::intrusive_ptr<Work> CrossNode::broadcast(std::vector<at::Tensor>& tensors,
   });
 }
 
-// Allgather of any sizes and dtype: each rank writes its bytes at its
-// offset of a zeroed buffer and the buffer is summed as uint8 (x + 0 = x,
-// exactly), through the hierarchical allreduce.
+at::Tensor CrossNode::allgather_blocks(const at::Tensor& input) {
+  const at::Tensor in = input.contiguous().reshape({-1});
+  at::Tensor result = at::empty({size_ * in.numel()}, in.options());
+  const std::int64_t s = in.numel() * in.element_size();
+  if (s == 0) return result;
+  const auto L = static_cast<std::int64_t>(layout_.nodes[0].size());
+  const auto N = static_cast<std::int64_t>(layout_.nodes.size());
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor node_block = at::empty({L * s}, bytes);
+  local_wait(comm_->iallgather(in.data_ptr(), node_block.data_ptr(), static_cast<std::size_t>(s),
+                               DataType::uint8));
+  at::Tensor all = at::empty({N * L * s}, bytes);
+  if (leaders_) {
+    std::vector<std::vector<at::Tensor>> outs(1);
+    for (std::int64_t k = 0; k < N; ++k) outs[0].push_back(all.narrow(0, k * L * s, L * s));
+    std::vector<at::Tensor> ins{node_block};
+    gloo_wait(leaders_->allgather(outs, ins, ::c10d::AllgatherOptions()));
+  }
+  local_wait(
+      comm_->ibroadcast(all.data_ptr(), static_cast<std::size_t>(N * L * s), DataType::uint8, 0));
+  // Node-major order to rank order (a node's ranks need not be consecutive).
+  at::Tensor out = bytes_of(result);
+  for (std::int64_t k = 0; k < N; ++k)
+    for (std::int64_t j = 0; j < L; ++j) {
+      const int g = layout_.nodes[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)];
+      out.narrow(0, g * s, s).copy_(all.narrow(0, (k * L + j) * s, s));
+    }
+  return result;
+}
+
+// Allgather: of equal blocks on equal nodes, allgather_blocks. Otherwise
+// (any sizes, any dtype) each rank writes its bytes at its offset of a
+// zeroed buffer and the buffer is summed as uint8 (x + 0 = x, exactly),
+// through the hierarchical allreduce.
 c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor>>& output_tensors,
                                               std::vector<at::Tensor>& input_tensors) {
   static constexpr const char* kOp = "allgather";
@@ -562,7 +593,14 @@ c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor
               outputs[static_cast<std::size_t>(rank_)].numel(), " elements, but the input has ",
               input.numel());
   const int rank = rank_;
+  const bool blocks = layout_.equal() && std::all_of(outputs.begin(), outputs.end(), [&](auto& o) {
+                        return o.numel() == input.numel();
+                      });
   return submit(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, [=, this] {
+    if (blocks) {
+      unflatten(allgather_blocks(input), outputs);
+      return;
+    }
     std::int64_t total = 0, offset = 0;
     for (std::size_t r = 0; r < outputs.size(); ++r) {
       if (static_cast<int>(r) == rank) offset = total;
@@ -586,7 +624,12 @@ c10::intrusive_ptr<Work> CrossNode::allgather_base(at::Tensor& output, at::Tenso
               ": the output has ", output.numel(), " elements, expected ", size_ * input.numel());
   const int rank = rank_;
   at::Tensor out = output, in = input;
+  const bool blocks = layout_.equal();
   return submit(::c10d::OpType::_ALLGATHER_BASE, "shmring:_all_gather_base", {output}, [=, this] {
+    if (blocks) {
+      out.copy_(allgather_blocks(in).view(out.sizes()));
+      return;
+    }
     at::Tensor flat = at::zeros({out.numel()}, in.options());
     flat.narrow(0, rank * in.numel(), in.numel()).copy_(in.reshape({-1}));
     allreduce_flat(bytes_of(flat), ::c10d::ReduceOp(::c10d::ReduceOp::SUM));

@@ -138,6 +138,10 @@ class CrossNode {
   /// Broadcast of `bytes` bytes at `data` from global rank `root`.
   void broadcast_bytes(void* data, std::size_t bytes, int root);
   void barrier_stages();
+  /// Every rank's `input` (equal sizes, equal nodes), in rank order:
+  /// allgather in the node, allgather of the node blocks among the leaders,
+  /// broadcast in the node.
+  at::Tensor allgather_blocks(const at::Tensor& input);
 
   int rank_;
   int size_;
