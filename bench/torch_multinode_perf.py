@@ -74,11 +74,19 @@ def main():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
         return float(t.item())
 
+    wide_cache = {}
+
     def all_reduce(buf, group):
         if group is gloo and buf.dtype in GLOO_WIDENS:
             # torch 1.13's gloo has no 16-bit brain float: what a gloo user
-            # does instead (widen, allreduce, round back) is the baseline.
-            wide = buf.float()
+            # does instead (widen, allreduce, round back) is the baseline,
+            # into a float32 buffer kept from call to call (as the backend
+            # does: a fresh one costs a page fault per page every call).
+            wide = wide_cache.get(buf.numel())
+            if wide is None:
+                wide_cache.clear()
+                wide = wide_cache[buf.numel()] = torch.empty(buf.numel())
+            wide.copy_(buf)
             dist.all_reduce(wide, group=gloo)
             buf.copy_(wide)
         else:

@@ -72,15 +72,6 @@ bool is_16bit(at::ScalarType t) {
   return t == at::kHalf || t == at::kBFloat16;
 }
 
-// A contiguous tensor of `tensor`'s values that the reduction stages work
-// on: float32 for 16-bit floats (partials cross the network unrounded and
-// the result rounds once, in finish_reduced), else the tensor itself or a
-// contiguous copy.
-at::Tensor reduction_buffer(const at::Tensor& tensor) {
-  if (is_16bit(tensor.scalar_type())) return tensor.to(at::kFloat).contiguous();
-  return tensor.contiguous();
-}
-
 // A uint8 tensor over the bytes of contiguous `t`, keeping `t` alive.
 at::Tensor bytes_of(const at::Tensor& t) {
   const auto n = static_cast<std::int64_t>(t.numel() * t.element_size());
@@ -413,6 +404,23 @@ void CrossNode::gloo_wait(const c10::intrusive_ptr<Work>& work) {
   work->wait();
 }
 
+// A contiguous tensor of `tensor`'s values that the reduction stages work
+// on: for 16-bit floats a float32 copy in the group's scratch buffer
+// (partials cross the network unrounded and the result rounds once when the
+// caller copies it back), else the tensor itself or a contiguous copy.
+at::Tensor CrossNode::widened(const at::Tensor& tensor) {
+  if (!is_16bit(tensor.scalar_type())) return tensor.contiguous();
+  const std::int64_t n = tensor.numel();
+  // Grow-only and reused: a fresh large buffer costs a page fault per page
+  // at every call (on the fake-node VM, 0.45 s for 64 MiB, more than the
+  // allreduce itself).
+  if (!scratch_.defined() || scratch_.numel() < n)
+    scratch_ = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor buf = scratch_.narrow(0, 0, n).view(tensor.sizes());
+  buf.copy_(tensor);
+  return buf;
+}
+
 void CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op) {
   const auto count = static_cast<std::size_t>(buf.numel());
   if (count == 0) return;
@@ -478,7 +486,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce(std::vector<at::Tensor>& tensors,
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
   return submit(::c10d::OpType::ALLREDUCE, "shmring:all_reduce", tensors, [=, this] {
-    at::Tensor buf = reduction_buffer(tensor);
+    at::Tensor buf = widened(tensor);
     allreduce_flat(buf, op);
     if (avg) buf.div_(size);
     if (!buf.is_same(tensor)) tensor.copy_(buf);  // 16-bit: the one rounding
@@ -501,7 +509,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce_coalesced(
   std::vector<at::Tensor> ts = tensors;
   return submit(::c10d::OpType::ALLREDUCE_COALESCED, "shmring:allreduce_coalesced", tensors,
                 [=, this] {
-                  at::Tensor buf = reduction_buffer(flatten(ts));
+                  at::Tensor buf = widened(flatten(ts));
                   allreduce_flat(buf, op);
                   if (avg) buf.div_(size);
                   unflatten(buf, ts);
@@ -522,8 +530,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce(std::vector<at::Tensor>& tensors,
   const bool mine = root == rank_;
   // An allreduce of which only the root keeps the result.
   return submit(::c10d::OpType::REDUCE, "shmring:reduce", tensors, [=, this] {
-    at::Tensor buf =
-        is_16bit(tensor.scalar_type()) ? reduction_buffer(tensor) : tensor.contiguous().clone();
+    at::Tensor buf = is_16bit(tensor.scalar_type()) ? widened(tensor) : tensor.contiguous().clone();
     allreduce_flat(buf, op);
     if (avg) buf.div_(size);
     if (mine) tensor.copy_(buf);
@@ -658,7 +665,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
   // An allreduce of the whole list, of which each rank keeps its block.
   return submit(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
                 [=, this] {
-                  at::Tensor buf = reduction_buffer(flatten(inputs));
+                  at::Tensor buf = widened(flatten(inputs));
                   allreduce_flat(buf, op);
                   if (avg) buf.div_(size);
                   output.copy_(buf.narrow(0, offset, output.numel()).view(output.sizes()));
@@ -680,15 +687,14 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter_base(at::Tensor& output, at::
   const int size = size_;
   const std::int64_t offset = rank_ * output.numel();
   at::Tensor out = output, in = input;
-  return submit(::c10d::OpType::_REDUCE_SCATTER_BASE, "shmring:_reduce_scatter_base", {output},
-                [=, this] {
-                  at::Tensor buf =
-                      is_16bit(in.scalar_type()) ? reduction_buffer(in) : in.contiguous().clone();
-                  buf = buf.reshape({-1});
-                  allreduce_flat(buf, op);
-                  if (avg) buf.div_(size);
-                  out.copy_(buf.narrow(0, offset, out.numel()).view(out.sizes()));
-                });
+  return submit(
+      ::c10d::OpType::_REDUCE_SCATTER_BASE, "shmring:_reduce_scatter_base", {output}, [=, this] {
+        at::Tensor buf = is_16bit(in.scalar_type()) ? widened(in) : in.contiguous().clone();
+        buf = buf.reshape({-1});
+        allreduce_flat(buf, op);
+        if (avg) buf.div_(size);
+        out.copy_(buf.narrow(0, offset, out.numel()).view(out.sizes()));
+      });
 }
 
 c10::intrusive_ptr<Work> CrossNode::barrier() {

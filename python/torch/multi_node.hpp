@@ -138,6 +138,7 @@ class CrossNode {
   /// Broadcast of `bytes` bytes at `data` from global rank `root`.
   void broadcast_bytes(void* data, std::size_t bytes, int root);
   void barrier_stages();
+  at::Tensor widened(const at::Tensor& tensor);
   /// Every rank's `input` (equal sizes, equal nodes), in rank order:
   /// allgather in the node, allgather of the node blocks among the leaders,
   /// broadcast in the node.
@@ -158,6 +159,7 @@ class CrossNode {
   c10::intrusive_ptr<BackendBase> shard_;
   c10::intrusive_ptr<BackendBase> world_;
   std::mutex gloo_mutex_;  // guards closing the gloo groups against send/recv
+  at::Tensor scratch_;     // float32, for 16-bit reductions (executor only)
 
   Completions completions_;
   std::mutex mutex_;
