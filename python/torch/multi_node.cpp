@@ -216,7 +216,8 @@ CrossNode::CrossNode(const c10::intrusive_ptr<::c10d::Store>& store, const std::
   world_ = make_gloo(store, prefix_ + "gloo/world/", rank_, size_, timeout_);
   if (local_ == 0)
     make_gloo(store, prefix_ + "gloo/leaders/", node_, nnodes, timeout_).swap(leaders_);
-  if (layout_.equal() && layout_.nodes[0].size() > 1 && shard_bytes_ != kShardBytes)
+  if (layout_.equal() && layout_.nodes[0].size() > 1 &&
+      shard_bytes_ != std::numeric_limits<std::size_t>::max())
     shard_ = make_gloo(store, prefix_ + "gloo/shard/" + std::to_string(local_) + "/", node_, nnodes,
                        timeout_);
   executor_ = std::thread([this] { run(); });
@@ -436,8 +437,12 @@ void CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op
     // rank at once, over its own connections), allgather in the node.
     const auto counts = shard_counts(count, local_size);
     const auto displs = displs_of(counts);
-    at::Tensor shard = at::empty(
-        {static_cast<std::int64_t>(counts[static_cast<std::size_t>(local_)])}, buf.options());
+    const auto shard_count = static_cast<std::int64_t>(counts[static_cast<std::size_t>(local_)]);
+    const std::int64_t shard_bytes = shard_count * buf.element_size();
+    // Reused, as widened()'s buffer is: a fresh one faults in every page.
+    if (!shard_scratch_.defined() || shard_scratch_.numel() < shard_bytes)
+      shard_scratch_ = at::empty({shard_bytes}, at::TensorOptions().dtype(at::kByte));
+    at::Tensor shard = at::from_blob(shard_scratch_.data_ptr(), {shard_count}, buf.options());
     local_wait(comm_->ireduce_scatter_v(data, shard.data_ptr(), counts, dtype, sop));
     std::vector<at::Tensor> one{shard};
     gloo_wait(shard_->allreduce(one, gopts));

@@ -8,8 +8,8 @@
 //   - leaders: local rank 0 of every node (small allreduces, broadcast,
 //     barrier);
 //   - shard j: local rank j of every node, made only when every node has
-//     the same number of ranks and SHMRING_TORCH_SHARD_BYTES is set (large
-//     allreduces: each local rank's shard crosses the network in parallel);
+//     the same number of ranks (large allreduces: each local rank's shard
+//     crosses the network in parallel);
 //   - world: every rank (alltoall, gather, scatter, send/recv).
 //
 // Order: collectives run one at a time, in call order, on the group's
@@ -108,13 +108,14 @@ class CrossNode {
   c10::intrusive_ptr<Work> barrier();
 
   /// Allreduces of at least this many bytes take the sharded path (when the
-  /// nodes are equal): SHMRING_TORCH_SHARD_BYTES, else kShardBytes, which is
-  /// "never": on the fake-node rig (2 nodes x 2 ranks, one CPU per node,
-  /// loopback) the leaders' path was as fast or faster at every size from
-  /// 4 KiB to 64 MiB, and the sharded one up to 7x slower at 32-64 MiB
-  /// (bench/torch_multinode_perf.py --paths; docs/guide/torch-multi-node.md).
-  /// The shard groups are made only when the threshold is set.
-  static constexpr std::size_t kShardBytes = std::numeric_limits<std::size_t>::max();
+  /// nodes are equal): SHMRING_TORCH_SHARD_BYTES, else kShardBytes. On the
+  /// fake-node rig (2 nodes x 2 ranks, one CPU per node, loopback) the
+  /// leaders' path was faster up to 1 MiB (2.1 against 3.7 ms) and the
+  /// sharded one from 4 MiB (8.3 against 14.4 ms; 132 against 151 ms at
+  /// 64 MiB): bench/torch_multinode_perf.py --paths,
+  /// docs/guide/torch-multi-node.md. A value of 2^64 - 1 turns it off (and
+  /// makes no shard groups).
+  static constexpr std::size_t kShardBytes = 4u << 20;
   /// How long a failing rank waits for the dead rank's node to name it.
   static constexpr std::chrono::milliseconds kDeathNotice{2000};
 
@@ -158,8 +159,9 @@ class CrossNode {
   c10::intrusive_ptr<BackendBase> leaders_;
   c10::intrusive_ptr<BackendBase> shard_;
   c10::intrusive_ptr<BackendBase> world_;
-  std::mutex gloo_mutex_;  // guards closing the gloo groups against send/recv
-  at::Tensor scratch_;     // float32, for 16-bit reductions (executor only)
+  std::mutex gloo_mutex_;     // guards closing the gloo groups against send/recv
+  at::Tensor scratch_;        // float32, for 16-bit reductions (executor only)
+  at::Tensor shard_scratch_;  // bytes, the sharded allreduce's shard (executor only)
 
   Completions completions_;
   std::mutex mutex_;
