@@ -10,8 +10,14 @@ Importing this module registers ``"shmring"`` with
 same when torch is already imported. Each process group (the default one and
 every ``dist.new_group(ranks)``) is a shmring communicator of its own, whose
 job id is a random nonce agreed through the group's c10d store, so two jobs
-on one host never meet whatever their MASTER_PORT. Every rank of a group must
-be on one host.
+on one host never meet whatever their MASTER_PORT.
+
+A group may span several hosts (docs/guide/torch-multi-node.md): its ranks
+group by host identity (hostname and boot id, published through the store),
+each host's ranks form a shmring communicator, and torch's gloo runs between
+the hosts (allreduce hierarchically: reduce in the host, allreduce among the
+hosts' first ranks, broadcast in the host; float16 and bfloat16 reduce in
+float32 and round once). A group on one host creates no gloo at all.
 
 Supported: all_reduce (SUM, PRODUCT, MIN, MAX, AVG), all_reduce_coalesced,
 broadcast, all_gather, _all_gather_base / all_gather_into_tensor,

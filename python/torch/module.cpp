@@ -51,9 +51,10 @@ ranks that share `store` (a c10d Store, as init_process_group and new_group
 pass it). Rank 0 writes a fresh random nonce to the store and every rank
 reads it, so the job id (and the shared-memory segment) is this group's
 alone. `timeout` (datetime.timedelta) bounds every wait of a collective
-unless SHMRING_TIMEOUT is set. Every rank must be on one host. Blocks until
-all ranks have attached; raises RuntimeError with shmring's message
-otherwise.
+unless SHMRING_TIMEOUT is set. Ranks on several hosts form one shmring
+communicator per host, with torch's gloo between the hosts
+(docs/guide/torch-multi-node.md). Blocks until all ranks have attached;
+raises RuntimeError with shmring's message otherwise.
 
 Supported: allreduce (SUM, PRODUCT, MIN, MAX, AVG), allreduce_coalesced,
 broadcast, allgather, _allgather_base, reduce_scatter, _reduce_scatter_base,

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -16,6 +17,14 @@
 #include <string>
 
 #include "convert.hpp"
+#include "node_layout.hpp"
+#if SHMRING_TORCH_GLOO
+#include "multi_node.hpp"
+#else
+namespace shmring::torch_backend {
+class CrossNode {};  // groups across hosts need gloo
+}  // namespace shmring::torch_backend
+#endif
 
 namespace shmring::torch_backend {
 namespace {
@@ -34,6 +43,20 @@ std::string host_identity() {
   return host_name() + "/" + boot_id;
 }
 
+// SHMRING_TORCH_JOB_TAG ("tag-" in every job id): lets a launcher
+// (tools/fake-nodes) find the shared memory of its own run.
+std::string job_tag() {
+  const char* tag = std::getenv("SHMRING_TORCH_JOB_TAG");
+  if (tag == nullptr || *tag == '\0') return "";
+  const std::string t(tag);
+  const bool ok = t.size() <= 32 && std::all_of(t.begin(), t.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_';
+                  });
+  TORCH_CHECK(ok, "shmring backend: SHMRING_TORCH_JOB_TAG='", t,
+              "': expected 1 to 32 characters from [A-Za-z0-9._]");
+  return t + "-";
+}
+
 std::string random_nonce() {
   std::random_device device;
   const std::uint64_t value = (static_cast<std::uint64_t>(device()) << 32) ^ device();
@@ -43,88 +66,96 @@ std::string random_nonce() {
   return out;
 }
 
-// The job id of this group, agreed through its store. Each creation of a
+// Where a group's ranks are, agreed through its store. Each creation of a
 // group on one store is a generation (several init/destroy cycles may share
-// a store): every rank counts itself in, and the ranks of generation g read
-// the nonce rank 0 wrote for g. Generations cannot interleave, since a
-// creation returns only once every rank of it has attached.
+// a store): every rank counts itself in, and the keys of generation g are
+// under "shmring/g/". Generations cannot interleave, since a creation
+// returns only once every rank of it has attached.
 //
-// Every rank must be on rank 0's host. Ranks 1..N-1 write their host first;
-// rank 0 reads them all before it writes the nonce, and writes instead a
-// verdict ("!" and the error) when a host differs or a rank never came, so
-// that every rank, rank 0 and the ranks on its host included, fails with
-// the same message instead of waiting to attach until the timeout.
-Options rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
-                   std::chrono::milliseconds timeout) {
+// Every rank publishes its host identity (hostname + boot id) and reads
+// every other rank's: the ranks of one host form a node, nodes ordered by
+// their lowest rank. The lowest rank of each node writes a fresh nonce for
+// its node's communicator. A rank that never comes fails every rank, each at
+// its own wait, with the same message naming the missing ranks.
+struct Placement {
+  Options local;       // the communicator of this rank's node
+  NodeLayout layout;   // every rank's node
+  std::string prefix;  // "shmring/<generation>/"
+};
+
+Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout) {
   TORCH_CHECK(store, "shmring backend: no store given to the process group");
   TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "shmring backend: rank ", rank,
               " is not in [0, ", size, ")");
   const std::int64_t arrival = store->add("shmring/arrivals", 1);
   const std::int64_t generation = (arrival - 1) / size;
-  const std::string key = "shmring/nonce/" + std::to_string(generation);
-  auto host_key = [&](int r) {
-    return "shmring/host/" + std::to_string(generation) + "/" + std::to_string(r);
-  };
+  const std::string prefix = "shmring/" + std::to_string(generation) + "/";
+  auto host_key = [&](int r) { return prefix + "host/" + std::to_string(r); };
   const std::string host = host_identity();
-  std::string nonce;
-  if (rank == 0) {
-    std::vector<std::string> keys;
-    for (int r = 1; r < size; ++r) keys.push_back(host_key(r));
-    std::string error;
-    const std::chrono::milliseconds wait_ms = timeout.count() > 0 ? timeout : store->getTimeout();
-    try {
-      store->wait(keys, wait_ms);
-    } catch (const std::exception&) {
-      std::string missing;
-      for (int r = 1; r < size; ++r)
-        if (!store->check({host_key(r)}))
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      error = "shmring backend: rank 0 gave up after " + std::to_string(wait_ms.count()) +
-              " ms waiting for rank(s) " + (missing.empty() ? "?" : missing) +
-              " to join the group (generation " + std::to_string(generation) + " of its store)";
-    }
-    for (int r = 1; r < size && error.empty(); ++r) {
-      const std::vector<std::uint8_t> bytes = store->get(host_key(r));
-      const std::string theirs(bytes.begin(), bytes.end());
-      if (theirs != host)
-        error = "shmring backend: rank " + std::to_string(r) + " runs on host " + theirs +
-                " but rank 0 on " + host +
-                "; every rank of a shmring group must be on one host (use gloo across hosts)";
-    }
-    if (!error.empty()) {
-      const std::string verdict = "!" + error;
-      store->set(key, std::vector<std::uint8_t>(verdict.begin(), verdict.end()));
-      TORCH_CHECK(false, error);
-    }
-    nonce = random_nonce();
-    const std::string value = nonce + " " + host;
-    store->set(key, std::vector<std::uint8_t>(value.begin(), value.end()));
-  } else {
-    store->set(host_key(rank), std::vector<std::uint8_t>(host.begin(), host.end()));
-    const std::vector<std::uint8_t> bytes = store->get(key);
-    const std::string value(bytes.begin(), bytes.end());
-    TORCH_CHECK(value.empty() || value[0] != '!', "shmring backend: rank ", rank,
-                " cannot join the group: ", value.substr(1));
-    const auto space = value.find(' ');
-    TORCH_CHECK(space != std::string::npos, "shmring backend: store key ", key, " holds '", value,
-                "', not a shmring nonce");
-    nonce = value.substr(0, space);
-    const std::string root_host = value.substr(space + 1);
-    TORCH_CHECK(root_host == host, "shmring backend: rank ", rank, " runs on host ", host,
-                " but rank 0 on ", root_host,
-                "; every rank of a shmring group must be on one host (use gloo across hosts)");
+  // "pid host": the pid lets the ranks of a node tell which one died.
+  const std::string entry = std::to_string(getpid()) + " " + host;
+  store->set(host_key(rank), std::vector<std::uint8_t>(entry.begin(), entry.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(host_key(r));
+  const std::chrono::milliseconds wait_ms = timeout.count() > 0 ? timeout : store->getTimeout();
+  try {
+    store->wait(keys, wait_ms);
+  } catch (const std::exception&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r)
+      if (!store->check({host_key(r)}))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    TORCH_CHECK(false, "shmring backend: rank ", rank, " gave up after ", wait_ms.count(),
+                " ms waiting for rank(s) ", missing.empty() ? "?" : missing,
+                " to join the group (generation ", generation, " of its store)");
   }
-  Options options;
-  options.rank = rank;
-  options.world_size = size;
-  options.job_id = "torch-" + nonce;
-  // A group lives on one host by construction: all its ranks are local.
-  options.local_rank = rank;
-  options.local_world_size = size;
+  Placement p;
+  p.prefix = prefix;
+  NodeLayout& layout = p.layout;
+  layout.node_of.resize(static_cast<std::size_t>(size));
+  layout.local_of.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const std::vector<std::uint8_t> bytes = store->get(host_key(r));
+    const std::string value(bytes.begin(), bytes.end());
+    const auto space = value.find(' ');
+    TORCH_CHECK(space != std::string::npos, "shmring backend: store key ", host_key(r), " holds '",
+                value, "', not a shmring host entry");
+    const std::string theirs = value.substr(space + 1);
+    layout.pids.push_back(std::atoi(value.substr(0, space).c_str()));
+    auto it = std::find(layout.hosts.begin(), layout.hosts.end(), theirs);
+    if (it == layout.hosts.end()) {
+      layout.hosts.push_back(theirs);
+      layout.nodes.emplace_back();
+      it = layout.hosts.end() - 1;
+    }
+    const auto node = static_cast<std::size_t>(it - layout.hosts.begin());
+    layout.node_of[static_cast<std::size_t>(r)] = static_cast<int>(node);
+    layout.local_of[static_cast<std::size_t>(r)] = static_cast<int>(layout.nodes[node].size());
+    layout.nodes[node].push_back(r);
+  }
+  const auto node = static_cast<std::size_t>(layout.node_of[static_cast<std::size_t>(rank)]);
+  const std::vector<int>& mine = layout.nodes[node];
+  const std::string key = prefix + "nonce/" + std::to_string(node);
+  std::string nonce;
+  if (mine[0] == rank) {
+    nonce = random_nonce();
+    store->set(key, std::vector<std::uint8_t>(nonce.begin(), nonce.end()));
+  } else {
+    const std::vector<std::uint8_t> bytes = store->get(key);
+    nonce.assign(bytes.begin(), bytes.end());
+  }
+  Options& options = p.local;
+  options.rank = layout.local_of[static_cast<std::size_t>(rank)];
+  options.world_size = static_cast<int>(mine.size());
+  options.job_id = "torch-" + job_tag() + nonce;
+  // The communicator spans one host by construction: all its ranks are local.
+  options.local_rank = options.rank;
+  options.local_world_size = options.world_size;
   if (std::getenv("SHMRING_TIMEOUT") == nullptr && timeout.count() > 0) {
     options.timeout_s = static_cast<double>(timeout.count()) / 1000.0;
   }
-  return options;
+  return p;
 }
 
 // A tensor's memory as the collective sees it: the tensor itself when it is
@@ -338,9 +369,26 @@ void ProcessGroupShmring::refuse(const char* op) noexcept {
 
 ProcessGroupShmring::ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout)
-    : BackendBase(rank, size),
-      comm_(std::make_unique<Communicator>(rendezvous(store, rank, size, timeout))),
-      job_id_(comm_->config().job_id) {}
+    : BackendBase(rank, size) {
+  Placement p = rendezvous(store, rank, size, timeout);
+  if (p.layout.nodes.size() == 1) {
+    // One host: one communicator, no gloo.
+    comm_ = std::make_unique<Communicator>(p.local);
+    job_id_ = comm_->config().job_id;
+    return;
+  }
+#if SHMRING_TORCH_GLOO
+  cross_ = std::make_unique<CrossNode>(store, p.prefix, rank, size, timeout, std::move(p.layout),
+                                       std::make_unique<Communicator>(p.local));
+  job_id_ = cross_->job_id();
+#else
+  const int other = p.layout.nodes[1][0];
+  TORCH_CHECK(false, "shmring backend: rank ", other, " runs on host ", p.layout.hosts[1],
+              " but rank 0 on ", p.layout.hosts[0],
+              "; this build of the backend has no gloo (libgloo-dev) for groups across hosts, so "
+              "every rank of a shmring group must be on one host");
+#endif
+}
 
 ProcessGroupShmring::~ProcessGroupShmring() {
   release(false);
@@ -357,6 +405,12 @@ void ProcessGroupShmring::release(bool leave) {
   // last reference to this group with the GIL held.
   std::optional<pybind11::gil_scoped_release> no_gil;
   if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
+#if SHMRING_TORCH_GLOO
+  if (cross_) {
+    cross_->shutdown(leave ? std::chrono::milliseconds(kLeaveWait) : std::chrono::milliseconds(0));
+    return;
+  }
+#endif
   std::unique_ptr<Communicator> comm;
   {
     std::lock_guard<std::mutex> lock(call_mutex_);
@@ -410,6 +464,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::launch(::c10d::OpType type, const 
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::AllreduceOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->allreduce(tensors, opts);
+#endif
   static constexpr const char* kOp = "allreduce";
   Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
@@ -425,6 +482,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->allreduce_coalesced(tensors, opts);
+#endif
   static constexpr const char* kOp = "allreduce_coalesced";
   Refusal refusal(*this, kOp);
   TORCH_CHECK(!tensors.empty(), "shmring backend: ", kOp, " got an empty tensor list");
@@ -456,6 +516,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::BroadcastOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->broadcast(tensors, opts);
+#endif
   static constexpr const char* kOp = "broadcast";
   Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
@@ -470,6 +533,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::reduce(std::vector<at::Tensor>& tensors,
                                                      const ::c10d::ReduceOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->reduce(tensors, opts);
+#endif
   static constexpr const char* kOp = "reduce";
   Refusal refusal(*this, kOp);
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
@@ -489,6 +555,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce(std::vector<at::Tensor>& te
 c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const ::c10d::AllgatherOptions& /*opts*/) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->allgather(output_tensors, input_tensors);
+#endif
   static constexpr const char* kOp = "allgather";
   Refusal refusal(*this, kOp);
   const at::Tensor& input = single_tensor(input_tensors, kOp, "input");
@@ -528,6 +597,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::AllgatherOptions& /*opts*/) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->allgather_base(output_buffer, input_buffer);
+#endif
   static constexpr const char* kOp = "_allgather_base";
   Refusal refusal(*this, kOp);
   check_tensor(input_buffer, kOp, "input");
@@ -546,6 +618,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
 c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
     std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
     const ::c10d::ReduceScatterOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->reduce_scatter(output_tensors, input_tensors, opts);
+#endif
   static constexpr const char* kOp = "reduce_scatter";
   Refusal refusal(*this, kOp);
   const at::Tensor& output = single_tensor(output_tensors, kOp, "output");
@@ -581,6 +656,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::ReduceScatterOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->reduce_scatter_base(output_buffer, input_buffer, opts);
+#endif
   static constexpr const char* kOp = "_reduce_scatter_base";
   Refusal refusal(*this, kOp);
   check_tensor(input_buffer, kOp, "input");
@@ -599,6 +677,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
 }
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::barrier(const ::c10d::BarrierOptions& /*opts*/) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->barrier();
+#endif
   return launch(::c10d::OpType::BARRIER, "shmring:barrier", {}, {}, nullptr,
                 [](Communicator& c) { return c.ibarrier(); });
 }
@@ -613,6 +694,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather_coalesced(
 c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const ::c10d::GatherOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->gather(output_tensors, input_tensors, opts);
+#endif
   Refusal refusal(*this, "gather");
   static constexpr const char* kOp = "gather";
   const at::Tensor& input = single_tensor(input_tensors, kOp, "input");
@@ -646,6 +730,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
 c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
     std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
     const ::c10d::ScatterOptions& opts) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->scatter(output_tensors, input_tensors, opts);
+#endif
   Refusal refusal(*this, "scatter");
   static constexpr const char* kOp = "scatter";
   const at::Tensor& output = single_tensor(output_tensors, kOp, "output");
@@ -680,6 +767,11 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
 c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const ::c10d::AllToAllOptions& /*opts*/) {
+#if SHMRING_TORCH_GLOO
+  if (cross_)
+    return cross_->alltoall_base(output_buffer, input_buffer, output_split_sizes,
+                                 input_split_sizes);
+#endif
   Refusal refusal(*this, "alltoall_base");
   static constexpr const char* kOp = "all_to_all_single";
   check_tensor(input_buffer, kOp, "input");
@@ -719,6 +811,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
 c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& output_tensors,
                                                        std::vector<at::Tensor>& input_tensors,
                                                        const ::c10d::AllToAllOptions& /*opts*/) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->alltoall(output_tensors, input_tensors);
+#endif
   Refusal refusal(*this, "alltoall");
   static constexpr const char* kOp = "all_to_all";
   TORCH_CHECK(static_cast<int>(input_tensors.size()) == size_, "shmring backend: ", kOp,
@@ -755,6 +850,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
 // both sides alike.
 c10::intrusive_ptr<Work> ProcessGroupShmring::send(std::vector<at::Tensor>& tensors, int dst_rank,
                                                    int tag) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->send(tensors, dst_rank, tag);
+#endif
   static constexpr const char* kOp = "send";
   const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
   Staged s = stage(tensor);
@@ -766,6 +864,9 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::send(std::vector<at::Tensor>& tens
 
 c10::intrusive_ptr<Work> ProcessGroupShmring::recv(std::vector<at::Tensor>& tensors, int src_rank,
                                                    int tag) {
+#if SHMRING_TORCH_GLOO
+  if (cross_) return cross_->recv(tensors, src_rank, tag);
+#endif
   static constexpr const char* kOp = "recv";
   const at::Tensor& tensor = single_tensor(tensors, kOp, "output");
   Staged s = stage_output(tensor);

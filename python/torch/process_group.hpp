@@ -4,7 +4,9 @@
 // process group whose collectives are a shmring::Communicator's non-blocking
 // collectives. One process group = one communicator of its own (own segment,
 // own job id from the group's store), so dist.new_group(ranks) makes a
-// separate communicator of exactly those ranks.
+// separate communicator of exactly those ranks. A group whose ranks are on
+// several hosts is one communicator per host with gloo between the hosts
+// (multi_node.hpp); the rest of this comment is about one host.
 //
 // Order: collectives start on the communicator's progress thread in the
 // order they are called, which must be the same on every rank (as for every
@@ -42,14 +44,18 @@
 
 namespace shmring::torch_backend {
 
+class CrossNode;
+
 class ProcessGroupShmring : public BackendBase {
  public:
-  /// Collective over the group's `size` ranks: rank 0 writes a fresh random
-  /// job nonce to `store` (the group's own prefix store), every rank reads
-  /// it and attaches to the shmring segment it names, so two jobs (or two
-  /// groups) never share a segment whatever their ports. Checks that every
-  /// rank runs on rank 0's host. `timeout` bounds every wait of a collective
-  /// unless SHMRING_TIMEOUT is set. Blocks until every rank has attached.
+  /// Collective over the group's `size` ranks: every rank publishes its
+  /// host identity in `store` (the group's own prefix store) and reads the
+  /// others'; the ranks of one host form a node, whose lowest rank writes a
+  /// fresh random job nonce that the node's ranks attach to, so two jobs (or
+  /// two groups) never share a segment whatever their ports. On one host
+  /// that communicator is the group; across hosts the group is a CrossNode
+  /// (multi_node.hpp). `timeout` bounds every wait of a collective unless
+  /// SHMRING_TIMEOUT is set. Blocks until every rank has attached.
   ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                       std::chrono::milliseconds timeout);
   /// Completes (or, on a broken group, fails) the collectives still running,
@@ -138,7 +144,8 @@ class ProcessGroupShmring : public BackendBase {
   // Declared before comm_: destroyed after it, so the completions the
   // communicator's destructor delivers still find their threads.
   Completions completions_;
-  std::unique_ptr<Communicator> comm_;  // null once shut down
+  std::unique_ptr<Communicator> comm_;  // null once shut down, and across hosts
+  std::unique_ptr<CrossNode> cross_;    // a group across hosts (multi_node.hpp)
   std::string job_id_;
   std::mutex call_mutex_;  // one i-call at a time on comm_ (call order is the contract)
 };

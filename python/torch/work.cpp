@@ -102,8 +102,15 @@ void Completions::stop() {
 }
 
 void Completions::push(c10::intrusive_ptr<WorkShmring> work, std::exception_ptr error) {
+  push([work = std::move(work), error]() mutable {
+    work->complete(error);
+    work.reset();  // the last reference may go here
+  });
+}
+
+void Completions::push(std::function<void()> job) {
   std::lock_guard<std::mutex> lock(mutex_);
-  queue_.emplace_back(std::move(work), error);
+  queue_.push_back(std::move(job));
   if (queue_.size() > idle_ && threads_.size() < kMaxThreads) {
     try {
       threads_.emplace_back([this] { run(); });
@@ -124,11 +131,11 @@ void Completions::run() {
       --idle_;
     }
     if (queue_.empty()) return;  // stopping, and drained
-    auto [work, error] = std::move(queue_.front());
+    std::function<void()> job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    work->complete(error);
-    work.reset();  // the last reference may go here: dropped unlocked
+    job();
+    job = nullptr;  // its captures (last references) are dropped unlocked
     lock.lock();
   }
 }

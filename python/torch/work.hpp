@@ -94,6 +94,9 @@ class Completions {
   /// Queues `work` for completion with `error` (null on success). Quick and
   /// lock-protected: safe from the progress thread.
   void push(c10::intrusive_ptr<WorkShmring> work, std::exception_ptr error);
+  /// Queues any completion job (a cross-node Work's future): the job is
+  /// run, then destroyed, on a completion thread.
+  void push(std::function<void()> job);
 
   /// Completes everything queued, then joins the threads. Completing may
   /// need the GIL (Python callbacks, tensors with a Python object), so a
@@ -105,7 +108,7 @@ class Completions {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::pair<c10::intrusive_ptr<WorkShmring>, std::exception_ptr>> queue_;
+  std::deque<std::function<void()>> queue_;
   std::size_t idle_ = 0;  // threads asleep in cv_.wait
   bool stop_ = false;
   std::vector<std::thread> threads_;

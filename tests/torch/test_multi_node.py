@@ -1,0 +1,70 @@
+"""The torch backend across fake nodes (tools/fake-nodes --launcher
+torchrun: one torchrun per fake node, each in a UTS namespace of its own, so
+shmring runs inside each node and gloo between them over loopback). One rig
+launch per test checks many operations (tests/torch/multinode_worker.py).
+
+Skipped, with fake-nodes' reason, where the rig cannot run (not root, no
+unshare, no torchrun)."""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import HERE, REPO
+
+FAKE_NODES = REPO / "tools" / "fake-nodes"
+WORKER = HERE / "multinode_worker.py"
+
+
+def run_rig(nodes, *args, timeout=420, env_extra=None):
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(env_extra or {})
+    proc = subprocess.run(
+        [str(FAKE_NODES), "--nodes", nodes, "--launcher", "torchrun", "--", str(WORKER), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if proc.returncode == 77:
+        reason = [line for line in proc.stdout.splitlines() if "skipped" in line]
+        pytest.skip(reason[-1] if reason else "tools/fake-nodes cannot run here")
+    left = [n for n in os.listdir("/dev/shm") if re.match(r"shmring-\d+-torch-fn", n)]
+    return proc, left
+
+
+def ranks_of(nodes):
+    if "x" in nodes:
+        a, b = nodes.split("x")
+        return int(a) * int(b)
+    return sum(int(n) for n in nodes.split(","))
+
+
+@pytest.mark.parametrize("nodes", ["2x2", "3,1"])
+def test_every_operation_across_fake_nodes(nodes):
+    """allreduce (every op and dtype, 16-bit rounded once), coalesced,
+    broadcast, all_gather (+ base, uneven, any dtype), reduce_scatter (+
+    base, uneven), reduce, barrier, all_to_all(_single), gather, scatter,
+    send/recv across nodes, new_group across and inside nodes, object
+    collectives, async works and futures, DDP with comm hooks; exact
+    values, or gloo's over the same ranks. On 2x2 allreduces from 4 KiB
+    take the sharded path (reduce-scatter, shard allreduce, allgather),
+    smaller ones and 3+1's all the leaders' path."""
+    shard = {"SHMRING_TORCH_SHARD_BYTES": "4096"} if nodes == "2x2" else {}
+    proc, left = run_rig(nodes, "ops", env_extra=shard)
+    assert proc.returncode == 0, proc.stdout[-20000:]
+    assert proc.stdout.count("multinode ops ok") == ranks_of(nodes), proc.stdout[-20000:]
+    assert left == [], f"segments left in /dev/shm: {left}"
+
+
+@pytest.mark.parametrize("nodes,victim", [("2x2", 3), ("3,1", 1), ("3,1", 3)])
+def test_killed_rank_is_an_error_on_every_node(nodes, victim):
+    """A rank SIGKILLed mid-allreduce: every other rank, on every node,
+    raises RuntimeError saying that rank died, within seconds (the worker
+    checks both); the run ends and leaves no shared memory."""
+    proc, left = run_rig(nodes, "kill", str(victim))
+    out = proc.stdout
+    assert proc.returncode != 0, out[-20000:]  # the victim's node fails
+    for rank in range(ranks_of(nodes)):
+        if rank != victim:
+            assert f"kill ok on rank {rank} " in out, out[-20000:]
+    assert left == [], f"segments left in /dev/shm: {left}"
