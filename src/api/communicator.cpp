@@ -65,6 +65,10 @@ void Communicator::Impl::settings(const Options& options) {
   if (auto v = detail::env_int("SHMRING_CMA_MIN_BYTES", 0, 1ll << 40))
     cma_min_bytes = static_cast<std::size_t>(*v);
   if (auto v = detail::env_int("SHMRING_CMA_LARGE", 0, 1)) cma_large = static_cast<int>(*v);
+  // Flight recorder entries per rank (docs/design/recorder.md); rank 0's
+  // value sizes the job's recorders.
+  if (auto v = detail::env_int("SHMRING_RECORDER_ENTRIES", 0, detail::kMaxRecorderEntries))
+    rec_wanted = static_cast<std::uint32_t>(*v);
   rank = cfg.rank;
   size = cfg.world_size;
   left = (rank + size - 1) % size;
@@ -114,6 +118,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.slots = cfg.slots;
   req.slot_bytes = cfg.slot_bytes;
   req.direct_bytes = cfg.direct_bytes;
+  req.recorder_entries = c.rec_wanted;
   req.deadline = c.deadline();
   req.asymmetric_fence = c.asymmetric_fence_ok;
   req.oversubscribed = cfg.oversubscribed_request;
@@ -123,6 +128,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   const std::string crowding = req.oversubscribed < 0 ? detail::job_crowding_hint() : "";
   if (!crowding.empty()) req.oversubscribed = 1;
   c.seg = detail::Segment::create_or_attach(req);
+  c.init_recorder();
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
   cfg.direct_bytes = c.seg->direct_bytes();
@@ -172,6 +178,22 @@ Communicator::~Communicator() {
 }
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+std::vector<CollectiveStats> Communicator::stats() const {
+  std::vector<CollectiveStats> out;
+  for (std::size_t k = 1; k < impl_->kind_stats.size(); ++k) {
+    const auto& s = impl_->kind_stats[k];
+    CollectiveStats c;
+    c.calls = s.calls.load(std::memory_order_relaxed);
+    if (c.calls == 0) continue;
+    c.collective = to_string(static_cast<CollectiveKind>(k));
+    c.bytes = s.bytes.load(std::memory_order_relaxed);
+    c.time_ns = s.time_ns.load(std::memory_order_relaxed);
+    c.wait_ns = s.wait_ns.load(std::memory_order_relaxed);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 int Communicator::rank() const noexcept {
   return impl_->rank;
