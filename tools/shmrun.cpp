@@ -37,6 +37,7 @@
 #include "base/config.hpp"
 #include "shmring/version.hpp"
 #include "shmrun_job.hpp"
+#include "shmrun_status.hpp"
 #include "transport/segment.hpp"
 
 namespace {
@@ -219,6 +220,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cleanup", cleanup,
                "Remove this user's shmring segments (of job --job-id if given) whose creator is "
                "dead, and exit");
+  bool status = false;
+  app.add_flag("--status", status,
+               "Show what every rank of this user's running shmring jobs (of job --job-id if "
+               "given) is doing, read-only, and exit");
   app.set_version_flag("--version", std::string("shmrun (shmring) ") + SHMRING_VERSION_STRING);
   // Everything from the program name on belongs to the program, with or
   // without "--": `shmrun -n 2 prog -n 5` passes "-n 5" to prog.
@@ -239,7 +244,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     if (list && cleanup) throw CLI::ValidationError("--list and --cleanup: give only one");
-    if (!list && !cleanup) {
+    if (status && (list || cleanup))
+      throw CLI::ValidationError("--status with --list or --cleanup: give only one");
+    if (!list && !cleanup && !status) {
       spec.command = app.remaining();
       if (!spec.command.empty() && spec.command.front() == "--") {
         spec.command.erase(spec.command.begin());
@@ -284,6 +291,7 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a usage error exits 2, as most tools do.
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (status) return shmring::tools::print_status(spec.job_id);
   if (list || cleanup) return list_or_cleanup(cleanup, spec.job_id);
 
   // Flags come after -x, so an explicit --threads wins over -x SHMRING_THREADS.
