@@ -196,3 +196,57 @@ TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per ki
   });
   CHECK(test::all_zero(status));
 }
+
+TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its last call") {
+  const std::string job = test::unique_job_id("recdeath");
+  auto* board = static_cast<char(*)[4096]>(
+      mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(board != MAP_FAILED);
+  std::memset(board, 0, 3 * 4096);
+  auto status = test::run_processes(3, [&](int r) {
+    Communicator comm(opts(r, 3, job, 30.0));
+    std::vector<float> x(10000, 1.0f);
+    for (int i = 0; i < 10; ++i) comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) _exit(0);  // dies without destroying its communicator
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const PeerFailureError& e) {
+      std::snprintf(board[r], 4096, "%s", e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  for (int r : {0, 2}) {
+    const std::string m = board[r];
+    INFO("rank ", r, ": ", m);
+    CHECK(contains(m, "rank 1 (pid "));
+    CHECK(contains(m, "died"));
+    CHECK(contains(m,
+                   "rank 1 has not entered allreduce #10; its last completed call was "
+                   "allreduce #9, "));
+    CHECK(contains(m, "ranks 0 and 2 wait in allreduce #10"));
+  }
+  munmap(board, 3 * 4096);
+}
+
+TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder off") {
+  const std::string job = test::unique_job_id("recoff");
+  auto status = test::run_processes(2, [&](int r) {
+    // Rank 1 asks for 16 entries; rank 0's 0 wins, so no summary.
+    setenv("SHMRING_RECORDER_ENTRIES", r == 0 ? "0" : "16", 1);
+    Communicator comm(opts(r, 2, job, 1.0));
+    std::vector<float> x(10000, 1.0f);
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      SHMRING_CHILD_CHECK(contains(e.what(), "rank(s) 1 never started collective #1"),
+                          "rank %d: %s", r, e.what());
+      SHMRING_CHILD_CHECK(!contains(e.what(), "has not entered"),
+                          "rank %d: the recorder is off: %s", r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+}
