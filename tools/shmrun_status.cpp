@@ -91,7 +91,8 @@ std::string rate(double v, const char* unit) {
   return fmt::format("{:.1f} {}", v, unit);
 }
 
-// Prints one job's table; false when the segment cannot be read.
+// Prints one job's table; false when the segment cannot be read (a job of
+// another shmring build is only noted: it is not this shmrun's to read).
 bool print_job(const Found& f) {
   const int fd = ::open(f.proc_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -121,6 +122,7 @@ bool print_job(const Found& f) {
   if (!check) {
     std::fprintf(stderr, "shmrun: %s: not a segment this shmrun can read: %s\n", f.name.c_str(),
                  check.error.c_str());
+    ok = h->magic == d::kMagic && h->layout_version != d::kLayoutVersion;
   } else {
     ok = true;
     const std::uint64_t now = d::mono_ns();
