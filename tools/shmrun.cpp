@@ -39,6 +39,7 @@
 #include "shmring/version.hpp"
 #include "shmrun_info.hpp"
 #include "shmrun_job.hpp"
+#include "shmrun_status.hpp"
 #include "transport/segment.hpp"
 
 namespace {
@@ -230,6 +231,10 @@ int main(int argc, char** argv) {
                "With --info: print the settings table as Markdown "
                "(docs/reference/environment.md)")
       ->needs(info_opt);
+  bool status = false;
+  app.add_flag("--status", status,
+               "Show what every rank of this user's running shmring jobs (of job --job-id if "
+               "given) is doing, read-only, and exit");
   app.set_version_flag("--version", std::string("shmrun (shmring) ") + SHMRING_VERSION_STRING);
   // Everything from the program name on belongs to the program, with or
   // without "--": `shmrun -n 2 prog -n 5` passes "-n 5" to prog.
@@ -249,12 +254,12 @@ int main(int argc, char** argv) {
   });
   try {
     app.parse(argc, argv);
-    if (int(list) + int(cleanup) + int(info) > 1)
-      throw CLI::ValidationError("--list, --cleanup and --info: give only one");
+    if (int(list) + int(cleanup) + int(info) + int(status) > 1)
+      throw CLI::ValidationError("--list, --cleanup, --info and --status: give only one");
     if (info && !app.remaining().empty())
       throw CLI::ValidationError(
           fmt::format("--info starts no program: '{}' is left over", app.remaining().front()));
-    if (!list && !cleanup && !info) {
+    if (!list && !cleanup && !info && !status) {
       spec.command = app.remaining();
       if (!spec.command.empty() && spec.command.front() == "--") {
         spec.command.erase(spec.command.begin());
@@ -299,6 +304,7 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a usage error exits 2, as most tools do.
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (status) return shmring::tools::print_status(spec.job_id);
   if (list || cleanup) return list_or_cleanup(cleanup, spec.job_id);
 
   // Flags come after -x, so an explicit --threads wins over -x SHMRING_THREADS.

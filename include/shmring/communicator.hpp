@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "shmring/error.hpp"
 #include "shmring/export.hpp"
@@ -17,6 +18,19 @@
 #include "shmring/types.hpp"
 
 namespace shmring {
+
+/// One collective kind's counters on this rank (Communicator::stats()).
+struct CollectiveStats {
+  std::string collective;     ///< "allreduce", "broadcast", ...
+  std::uint64_t calls = 0;    ///< calls completed
+  std::uint64_t bytes = 0;    ///< their bytes: this rank's result buffer per call
+  std::uint64_t time_ns = 0;  ///< time inside those calls, from start to end (steady clock)
+  /// Of time_ns, the time this rank was blocked on a peer: in waits for a
+  /// peer's shared counter (its arrival, its data, room in its slots) that
+  /// did not succeed at their first check. Waits inside the one-line and
+  /// eager paths that poll a peer's line directly are not counted.
+  std::uint64_t wait_ns = 0;
+};
 
 /// Explicit settings for a Communicator. Every field left at its default is
 /// taken from the environment (see README, "Environment variables"), then
@@ -219,6 +233,11 @@ class SHMRING_API Communicator {
 
   /// Returns once every rank has entered the barrier.
   void barrier();
+
+  /// This rank's counters per collective kind, one entry per kind called at
+  /// least once (blocking and non-blocking calls alike), in a fixed order.
+  /// May be called from any thread; a call still running is not counted.
+  std::vector<CollectiveStats> stats() const;
 
   /// MPI_Comm_split: a new communicator of the ranks that pass the same
   /// `color` (>= 0), ranked by (key, rank in this communicator), with its

@@ -26,6 +26,7 @@
 #define SHMRING_SHMRING_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #if defined(SHMRING_BUILDING_LIBRARY)
 #define SHMRING_C_API __attribute__((visibility("default")))
@@ -90,6 +91,21 @@ SHMRING_C_API shmring_result_t shmring_comm_destroy(shmring_comm_t comm);
 
 SHMRING_C_API shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank);
 SHMRING_C_API shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size);
+
+/* One collective kind's counters on this rank (Communicator::stats() in
+   shmring/communicator.hpp says what each counts). */
+typedef struct shmring_collective_stats {
+  const char* collective; /* "allreduce", ...: a static string */
+  uint64_t calls;
+  uint64_t bytes;
+  uint64_t time_ns;
+  uint64_t wait_ns;
+} shmring_collective_stats_t;
+/* Writes up to `max` entries into `out`, one per collective kind called at
+   least once, and sets *n to how many kinds there are (may exceed max).
+   Not collective. */
+SHMRING_C_API shmring_result_t shmring_comm_stats(shmring_comm_t comm,
+                                                  shmring_collective_stats_t* out, int max, int* n);
 
 /* recv[i] = op over ranks of send[i], i < count. send == recv: in place. */
 SHMRING_C_API shmring_result_t shmring_allreduce(const void* send, void* recv, size_t count,

@@ -219,6 +219,22 @@ timeout; refused alike on every rank, the communicator stays usable.
            py::arg("local_world_size") = py::none())
       .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
       .def_property_readonly("size", [](PyCommunicator& c) { return c.get().size(); })
+      .def(
+          "stats",
+          [](PyCommunicator& c) {
+            py::dict out;
+            for (const auto& s : c.get().stats()) {
+              py::dict d;
+              d["calls"] = s.calls;
+              d["bytes"] = s.bytes;
+              d["time_ns"] = s.time_ns;
+              d["wait_ns"] = s.wait_ns;
+              out[py::str(s.collective)] = d;
+            }
+            return out;
+          },
+          "This rank's counters per collective kind called so far: {kind: {calls, bytes, "
+          "time_ns, wait_ns}} (Communicator::stats() in shmring/communicator.hpp).")
       .def_property_readonly(
           "world_size", [](PyCommunicator& c) { return c.get().size(); },
           "Number of ranks (the same as size).")

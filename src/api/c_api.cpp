@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/ops.hpp"
 #include "shmring/shmring.hpp"
 
 struct shmring_comm {
@@ -189,6 +190,27 @@ shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size) {
   SHMRING_REQUIRE_COMM(comm);
   if (size == nullptr) return null_output(comm, __func__, "size");
   *size = comm->comm.size();
+  return SHMRING_SUCCESS;
+}
+
+shmring_result_t shmring_comm_stats(shmring_comm_t comm, shmring_collective_stats_t* out, int max,
+                                    int* n) {
+  SHMRING_REQUIRE_COMM(comm);
+  if (n == nullptr) return null_output(comm, __func__, "n");
+  if (out == nullptr && max > 0) return null_output(comm, __func__, "out");
+  const auto st = comm->comm.stats();
+  *n = static_cast<int>(st.size());
+  for (int i = 0; i < max && i < *n; ++i) {
+    const auto& s = st[static_cast<std::size_t>(i)];
+    out[i].collective = "unknown";
+    for (std::uint32_t k = 1; k <= 12; ++k)  // a static name (core/ops.hpp CollectiveKind)
+      if (s.collective == shmring::to_string(static_cast<shmring::CollectiveKind>(k)))
+        out[i].collective = shmring::to_string(static_cast<shmring::CollectiveKind>(k));
+    out[i].calls = s.calls;
+    out[i].bytes = s.bytes;
+    out[i].time_ns = s.time_ns;
+    out[i].wait_ns = s.wait_ns;
+  }
   return SHMRING_SUCCESS;
 }
 

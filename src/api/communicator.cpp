@@ -63,6 +63,10 @@ void Communicator::Impl::settings(const Options& options) {
   // Asked for explicitly: let the peers read us even under Yama's
   // ptrace_scope=1 (any process of this user may then attach to us).
   if (single_copy.mode == 1 && detail::settings::text("SHMRING_CMA")) detail::allow_cma_readers();
+  // Flight recorder entries per rank (docs/design/recorder.md); rank 0's
+  // value sizes the job's recorders.
+  if (auto v = detail::settings::integer("SHMRING_RECORDER_ENTRIES"))
+    rec_wanted = static_cast<std::uint32_t>(*v);
   rank = cfg.rank;
   size = cfg.world_size;
   left = (rank + size - 1) % size;
@@ -112,6 +116,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.slots = cfg.slots;
   req.slot_bytes = cfg.slot_bytes;
   req.direct_bytes = cfg.direct_bytes;
+  req.recorder_entries = c.rec_wanted;
   req.deadline = c.deadline();
   req.asymmetric_fence = c.asymmetric_fence_ok;
   req.oversubscribed = cfg.oversubscribed_request;
@@ -121,6 +126,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   const std::string crowding = req.oversubscribed < 0 ? detail::job_crowding_hint() : "";
   if (!crowding.empty()) req.oversubscribed = 1;
   c.seg = detail::Segment::create_or_attach(req);
+  c.init_recorder();
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
   cfg.direct_bytes = c.seg->direct_bytes();
@@ -170,6 +176,22 @@ Communicator::~Communicator() {
 }
 Communicator::Communicator(Communicator&&) noexcept = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
+
+std::vector<CollectiveStats> Communicator::stats() const {
+  std::vector<CollectiveStats> out;
+  for (std::size_t k = 1; k < impl_->kind_stats.size(); ++k) {
+    const auto& s = impl_->kind_stats[k];
+    CollectiveStats c;
+    c.calls = s.calls.load(std::memory_order_relaxed);
+    if (c.calls == 0) continue;
+    c.collective = to_string(static_cast<CollectiveKind>(k));
+    c.bytes = s.bytes.load(std::memory_order_relaxed);
+    c.time_ns = s.time_ns.load(std::memory_order_relaxed);
+    c.wait_ns = s.wait_ns.load(std::memory_order_relaxed);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 int Communicator::rank() const noexcept {
   return impl_->rank;

@@ -4,6 +4,7 @@
 // steps; docs/design/segment.md the words in shared memory.
 
 #include <fmt/format.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -93,10 +94,10 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
   if (!seg->rank_alive(peer)) {
     if (counter.value.load(std::memory_order_acquire) >= target) return;
     bool clean = area(peer).info.state.load(std::memory_order_acquire) == detail::kRankFinalized;
-    fail(PeerFailureError(
-        fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited for {} in {}", rank, peer,
-                    area(peer).info.pid.load(), clean ? "destroyed its communicator" : "died", rank,
-                    what, where)));
+    std::string msg = fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited for {} in {}",
+                                  rank, peer, area(peer).info.pid.load(),
+                                  clean ? "destroyed its communicator" : "died", rank, what, where);
+    fail(PeerFailureError(with_diagnosis(std::move(msg))));
   }
   if (Clock::now() >= deadline) {
     // Whoever times out first speaks for the job: name the ranks that never
@@ -105,13 +106,13 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
     for (int r = 0; r < size; ++r)
       if (area(r).announced.value.load(std::memory_order_acquire) < collectives + 1)
         late += fmt::format("{}{}", late.empty() ? "" : ", ", r);
-    fail(TimeoutError(fmt::format(
+    fail(TimeoutError(with_diagnosis(fmt::format(
         "rank {}: timed out after {} s waiting for {} of rank {} in {}{} (SHMRING_TIMEOUT sets "
         "the limit)",
         rank, config.timeout_s, what, peer, where,
         late.empty()
             ? ""
-            : fmt::format("; rank(s) {} never started collective #{}", late, collectives))));
+            : fmt::format("; rank(s) {} never started collective #{}", late, collectives)))));
   }
 }
 
@@ -176,9 +177,35 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
   return policy;
 }
 
+std::string Communicator::Impl::with_diagnosis(std::string msg) {
+  // The first rank to see the stall speaks for the job (a later one finds
+  // the abort word set and rethrows the first error instead).
+  if (rec_n == 0) return msg;
+  msg += "; " + job_summary();
+  std::string path = dump_recorders(msg);
+  if (!path.empty()) msg += fmt::format("; every rank's flight recorder: {}", path);
+  return msg;
+}
+
 void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                                       const char* what) {
   if (counter.value.load(std::memory_order_acquire) >= target) return;
+  // A blocked wait (stats() wait_ns; the recorder head tells `shmrun
+  // --status` whom this rank waits for, since when, at which step).
+  const std::uint64_t t0 = detail::mono_ns();
+  if (rec_head) {
+    rec_head->step.store(step, std::memory_order_relaxed);
+    rec_head->waiting_for.store(peer, std::memory_order_relaxed);
+    rec_head->wait_since_ns.store(t0, std::memory_order_relaxed);
+  }
+  struct Done {
+    Impl& c;
+    std::uint64_t t0;
+    ~Done() {
+      c.call_wait_ns += detail::mono_ns() - t0;
+      if (c.rec_head) c.rec_head->wait_since_ns.store(0, std::memory_order_relaxed);
+    }
+  } done{*this, t0};
   detail::WaitPolicy policy = policy_for(peer);
   // The deadline bounds each wait, not the whole collective: a huge buffer
   // may take longer than SHMRING_TIMEOUT while every step makes progress.
@@ -207,6 +234,7 @@ void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
   const bool follow_up =
       broken.has_value() || blames_my_call || p2p_failed.load(std::memory_order_relaxed);
   broken = a.reason;
+  record_failure();
   if (follow_up) throw AbortedError(unusable_message());
   throw_error(static_cast<ErrorCode>(a.code), a.reason);
 }
@@ -225,6 +253,11 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
+  call_start_ns = detail::mono_ns();
+  call_wait_ns = 0;
+  if (rec_n != 0)
+    detail::recorder_write_call(rec_entry(collectives), collectives, d, current_bytes,
+                                detail::kCallStarted, call_start_ns);
   ring.left_checked = ring.right_checked = false;
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
@@ -347,13 +380,61 @@ void Communicator::Impl::check_descriptor(int peer) {
 void Communicator::Impl::end() {
   if (pending.at_end) pending.at_end(*this);
   if (size > 1) publish(my_area().done, collectives + 1);
+  if (current) {
+    // After `done`: the peers need not wait for the bookkeeping.
+    const std::uint64_t now = detail::mono_ns();
+    const auto k = static_cast<std::size_t>(current->kind);
+    if (k < kind_stats.size()) {
+      auto& s = kind_stats[k];
+      s.calls.store(s.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      s.bytes.store(s.bytes.load(std::memory_order_relaxed) + current_bytes,
+                    std::memory_order_relaxed);
+      s.time_ns.store(s.time_ns.load(std::memory_order_relaxed) + (now - call_start_ns),
+                      std::memory_order_relaxed);
+      s.wait_ns.store(s.wait_ns.load(std::memory_order_relaxed) + call_wait_ns,
+                      std::memory_order_relaxed);
+    }
+    if (rec_n != 0) {
+      detail::recorder_end_call(rec_entry(collectives), detail::kCallCompleted, now, step);
+      rec_head->calls.store(rec_head->calls.load(std::memory_order_relaxed) + 1,
+                            std::memory_order_relaxed);
+      rec_head->bytes.store(rec_head->bytes.load(std::memory_order_relaxed) + current_bytes,
+                            std::memory_order_relaxed);
+    }
+  }
   ++collectives;
   completed.store(collectives, std::memory_order_relaxed);
   current.reset();
   step = -1;
 }
 
+void Communicator::Impl::record_failure() {
+  if (rec_n == 0 || !current) return;
+  auto& e = rec_entry(collectives);
+  if (e.seq.load(std::memory_order_relaxed) != collectives + 1 ||
+      e.state.load(std::memory_order_relaxed) != detail::kCallStarted)
+    return;
+  detail::recorder_end_call(e, detail::kCallFailed, detail::mono_ns(), step);
+}
+
+void Communicator::Impl::init_recorder() {
+  rec_head = seg->recorder(rank);
+  if (rec_head == nullptr) return;
+  rec_entries = reinterpret_cast<detail::RecorderEntry*>(rec_head + 1);
+  rec_n = seg->recorder_entries();
+  struct timespec rt {};
+  clock_gettime(CLOCK_REALTIME, &rt);
+  const std::uint64_t mono = detail::mono_ns();
+  const std::uint64_t real =
+      static_cast<std::uint64_t>(rt.tv_sec) * 1000000000u + static_cast<std::uint64_t>(rt.tv_nsec);
+  rec_head->realtime_offset_ns.store(real - mono, std::memory_order_relaxed);
+  rec_head->waiting_for.store(-1, std::memory_order_relaxed);
+  rec_head->step.store(-1, std::memory_order_relaxed);
+  rec_head->start_ns.store(mono, std::memory_order_release);
+}
+
 void Communicator::Impl::fail(const Error& e) {
+  record_failure();
   bool won = detail::raise_abort(*seg, size, static_cast<std::uint32_t>(e.code()), rank, e.what());
   auto a = detail::read_abort(seg->header());
   if (!won && a) {

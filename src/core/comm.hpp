@@ -4,6 +4,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "base/config.hpp"
 #include "base/placement.hpp"
 #include "core/ops.hpp"
+#include "core/recorder.hpp"
 #include "shmring/communicator.hpp"
 #include "transport/layout.hpp"
 #include "transport/segment.hpp"
@@ -132,6 +134,40 @@ struct Communicator::Impl {
   // The collective in flight, for error messages.
   std::optional<CollectiveDesc> current;
   int step = -1;
+  // Bytes of the call run() is about to begin (Op::bytes), for the recorder
+  // and stats().
+  std::uint64_t current_bytes = 0;
+
+  // ---- Flight recorder (core/recorder.hpp, docs/design/recorder.md): this
+  // rank's head and entries in the segment; null when the job has none
+  // (SHMRING_RECORDER_ENTRIES=0). ----
+  detail::RecorderHead* rec_head = nullptr;
+  detail::RecorderEntry* rec_entries = nullptr;
+  std::uint64_t rec_n = 0;
+  std::uint32_t rec_wanted = detail::kRecorderEntriesDefault;  // SHMRING_RECORDER_ENTRIES
+  detail::RecorderEntry& rec_entry(std::uint64_t c) { return rec_entries[c % rec_n]; }
+  /// Finds this rank's recorder in the segment (after attach).
+  void init_recorder();
+  /// `msg` + job_summary() (+ the dump's path): a timeout's or dead peer's
+  /// message.
+  std::string with_diagnosis(std::string msg);
+  /// Marks the call in flight failed (the failure paths).
+  void record_failure();
+  /// What every rank's recorder says, for a timeout or dead-peer message:
+  /// who is behind, what each last did and is doing (diagnose.cpp).
+  std::string job_summary();
+  /// SHMRING_DUMP_DIR set: writes every rank's recorder as one JSON file
+  /// there and returns its path; "" when unset or on failure (diagnose.cpp).
+  std::string dump_recorders(const std::string& reason);
+
+  // ---- stats() (Communicator::stats): per collective kind, updated by the
+  // running thread, read by any. ----
+  struct KindStats {
+    std::atomic<std::uint64_t> calls{0}, bytes{0}, time_ns{0}, wait_ns{0};
+  };
+  std::array<KindStats, 13> kind_stats;  // index: CollectiveKind value (1..12)
+  std::uint64_t call_start_ns = 0;       // when the running call began
+  std::uint64_t call_wait_ns = 0;        // its blocked waits so far
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
 

@@ -30,6 +30,7 @@ void Communicator::Impl::run(const Op& o) {
     publish_rejected();
     return;
   }
+  current_bytes = o.bytes;
   begin(d);
   const bool direct = d.algorithm == Algorithm::direct;
   // World size 1: the result is the input; in-place calls have nothing to do.
@@ -190,6 +191,7 @@ int progress_cpu_from_env(int rank) {
 }
 
 Engine::Engine(Communicator::Impl& c) : c_(c), fork_gen_(fork_generation()) {
+  base_ = c.collectives;  // made by the calling thread, with no run in flight
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -234,6 +236,7 @@ class Engine::InlineTurn {
  public:
   InlineTurn(Engine& e, std::unique_lock<std::mutex>& lock) : e_(e) {
     e_.running_ = true;
+    ++e_.issued_;
     lock.unlock();
   }
   ~InlineTurn() {
@@ -264,6 +267,7 @@ void Engine::execute(const Op& op) {
     return;
   }
   auto state = new_state();
+  record_queued(op);
   queue_.push_back({op, state});
   pending_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
@@ -278,9 +282,20 @@ Request Engine::submit(const Op& op) {
   return Request(std::move(state));
 }
 
+void Engine::record_queued(const Op& op) {
+  // Only entries of calls behind the running one, and fewer than the
+  // recorder holds: the runner never writes the same entry at the same time.
+  const std::uint64_t ahead = queue_.size() + (running_ ? 1 : 0);
+  if (c_.rec_n == 0 || ahead + 1 >= c_.rec_n || op.desc.kind == CollectiveKind::invalid) return;
+  const std::uint64_t seq = base_ + issued_ + queue_.size();
+  detail::recorder_write_call(c_.rec_entry(seq), seq, op.desc, op.bytes, kCallQueued,
+                              detail::mono_ns());
+}
+
 void Engine::enqueue(Item item) {
   {
     std::lock_guard lock(mutex_);
+    record_queued(item.op);
     queue_.push_back(std::move(item));
     pending_.store(queue_.size(), std::memory_order_release);
   }
@@ -319,6 +334,7 @@ void Engine::run_front(std::unique_lock<std::mutex>& lock) {
   queue_.pop_front();
   pending_.store(queue_.size(), std::memory_order_release);
   running_ = true;
+  ++issued_;
   lock.unlock();
   std::exception_ptr error;
   try {

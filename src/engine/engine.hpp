@@ -74,6 +74,15 @@ class Engine {
   std::deque<Item> queue_;
   std::atomic<std::size_t> pending_{0};  // queue_.size(), for polling without the mutex
   bool running_ = false;                 // a collective is running (inline or on the thread)
+  // Calls handed to Impl::run (inline turns and popped items) since the
+  // engine began, when the communicator had run `base_` calls: a queued
+  // call's sequence number is base_ + issued_ + its place in the queue
+  // (every run, a rejected call's marker too, ends one collective).
+  std::uint64_t issued_ = 0;
+  std::uint64_t base_ = 0;
+  /// Records `op` as queued in the flight recorder, at the back of the
+  /// queue (under `mutex_`, before it is pushed).
+  void record_queued(const Op& op);
   bool stop_ = false;
   const unsigned fork_gen_;
   std::thread thread_;

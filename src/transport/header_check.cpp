@@ -35,6 +35,7 @@ HeaderCheck validate_header(const void* header_bytes, std::size_t header_size,
   const auto direct_offset = SHMRING_FIELD(direct_offset);
   const auto h_host = SHMRING_FIELD(host_hash);
   const auto pid = SHMRING_FIELD(creator_pid);
+  const auto recorder_entries = SHMRING_FIELD(recorder_entries);
 #undef SHMRING_FIELD
   if (magic != kMagic) {
     c.error = fmt::format("it is not a shmring segment (magic {:#018x}, expected {:#018x})", magic,
@@ -72,7 +73,13 @@ HeaderCheck validate_header(const void* header_bytes, std::size_t header_size,
                           direct_bytes, kPage, kMinDirectBytes, kMaxDirectBytes);
     return c;
   }
-  auto l = compute_layout(static_cast<std::uint64_t>(world_size), slots, slot_bytes, direct_bytes);
+  if (recorder_entries > kMaxRecorderEntries) {
+    c.error = fmt::format("its flight recorder has {} entries per rank, more than {}",
+                          recorder_entries, kMaxRecorderEntries);
+    return c;
+  }
+  auto l = compute_layout(static_cast<std::uint64_t>(world_size), slots, slot_bytes, direct_bytes,
+                          recorder_entries);
   if (!l) {
     c.error = fmt::format("{} ranks x ({} slots x {} bytes + direct buffers) overflows", world_size,
                           slots, slot_bytes);

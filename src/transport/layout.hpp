@@ -12,6 +12,8 @@
 //   [point-to-point region        ] page-aligned, p2p_region_bytes(N) (p2p.hpp)
 //   [eager rings: rank 0 entry 0..E-1, rank 1 ...] page-aligned,
 //                                  eager_region_bytes(N) (staged.cpp)
+//   [flight recorders: rank 0, rank 1, ...] page-aligned,
+//                                  recorder_region_bytes(N, R) (docs/design/recorder.md)
 //
 // Every field a rank writes in a hot loop sits on its own 128-byte line (two
 // 64-byte lines: adjacent-line prefetch would otherwise couple them).
@@ -30,14 +32,15 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    14;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    15;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
          // 104-byte low-latency lines; 11: eager blocks of 8 lines;
          // 12: Counter's futex words on a line of their own,
          // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
-         // 14: p2p withdrawn / taking words, refused verdicts
+         // 14: p2p withdrawn / taking words, refused verdicts;
+         // 15: flight recorders (Header::recorder_entries)
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -233,6 +236,10 @@ struct alignas(kLine) Header {
   // CLOCK_REALTIME_COARSE when rank 0 created the file, in ns; informative
   // (the attach path uses the file's ctime, which exists before the header).
   std::uint64_t created_ns;
+  // Flight recorder entries per rank (SHMRING_RECORDER_ENTRIES of rank 0;
+  // the others adopt it); 0: no recorders.
+  std::uint32_t recorder_entries;
+  std::uint32_t reserved2;
   alignas(kLine) std::atomic<std::uint32_t> status;
   std::atomic<std::uint32_t> attached;  // futex word: ranks registered so far
   std::atomic<std::uint32_t> attach_gen;
@@ -340,6 +347,48 @@ inline constexpr std::uint64_t p2p_region_bytes(std::uint64_t n) {
   return p2p_outbox_offset(n) + n * kP2pOutboxBytes;
 }
 
+// ---- Flight recorder (docs/design/recorder.md). Per rank: a RecorderHead,
+// then R entries; call c (collective sequence number) uses entry c mod R.
+// Only the rank itself writes its recorder (its running thread; its engine
+// writes `queued` entries under the engine's lock, for calls behind the
+// running one, never the entry of the running call). Plain relaxed stores
+// inside a seqlock: `version` is odd while the entry is being written, so a
+// reader in another process that sees the same even version before and
+// after copying the fields has an entry that was not torn.
+inline constexpr std::uint32_t kMaxRecorderEntries = 1u << 16;
+inline constexpr std::uint32_t kRecorderEntriesDefault = 64;
+inline constexpr std::uint32_t kCallQueued = 1;
+inline constexpr std::uint32_t kCallStarted = 2;
+inline constexpr std::uint32_t kCallCompleted = 3;
+inline constexpr std::uint32_t kCallFailed = 4;
+struct alignas(64) RecorderEntry {
+  std::atomic<std::uint64_t> version;  // seqlock: odd while written
+  std::atomic<std::uint64_t> seq;      // collective sequence number + 1 (0: empty)
+  std::atomic<std::uint64_t> count;
+  std::atomic<std::uint64_t> bytes;
+  std::atomic<std::uint64_t> start_ns;                 // CLOCK_MONOTONIC ns (queued: when queued)
+  std::atomic<std::uint64_t> end_ns;                   // CLOCK_MONOTONIC ns; 0 while not ended
+  std::atomic<std::uint32_t> kind_dtype_op_algorithm;  // one byte each
+  std::atomic<std::int32_t> root;
+  std::atomic<std::uint32_t> state;  // kCall*
+  std::atomic<std::int32_t> step;    // the last step reached (-1: none)
+};
+struct alignas(kLine) RecorderHead {
+  std::atomic<std::uint64_t> start_ns;            // CLOCK_MONOTONIC ns when the rank attached
+  std::atomic<std::uint64_t> calls;               // collectives completed
+  std::atomic<std::uint64_t> bytes;               // their bytes (Op::bytes)
+  std::atomic<std::uint64_t> wait_since_ns;       // when the current slow wait began (0: none)
+  std::atomic<std::int32_t> waiting_for;          // the rank that wait is for (-1: none or several)
+  std::atomic<std::int32_t> step;                 // the current step of the running call
+  std::atomic<std::uint64_t> realtime_offset_ns;  // CLOCK_REALTIME - CLOCK_MONOTONIC at attach
+};
+inline constexpr std::uint64_t recorder_rank_bytes(std::uint64_t entries) {
+  return entries == 0 ? 0 : sizeof(RecorderHead) + entries * sizeof(RecorderEntry);
+}
+inline constexpr std::uint64_t recorder_region_bytes(std::uint64_t n, std::uint64_t entries) {
+  return n * recorder_rank_bytes(entries);
+}
+
 /// Offsets of one layout, computed locally from (world_size, slots,
 /// slot_bytes) and never trusted from shared memory.
 struct Layout {
@@ -347,8 +396,10 @@ struct Layout {
   std::uint64_t slot_offset;
   std::uint64_t direct_offset;
   std::uint64_t total_bytes;
-  std::uint64_t p2p_offset;    // point-to-point region (p2p_region_bytes)
-  std::uint64_t eager_offset;  // eager rings (eager_region_bytes)
+  std::uint64_t p2p_offset;       // point-to-point region (p2p_region_bytes)
+  std::uint64_t eager_offset;     // eager rings (eager_region_bytes)
+  std::uint64_t recorder_offset;  // flight recorders (recorder_region_bytes)
+  std::uint64_t recorder_entries;
 };
 
 inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
@@ -357,7 +408,8 @@ inline constexpr std::uint64_t round_up(std::uint64_t x, std::uint64_t a) {
 
 /// nullopt if the sizes overflow 64 bits.
 inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint64_t slots,
-                                            std::uint64_t slot_bytes, std::uint64_t direct_bytes) {
+                                            std::uint64_t slot_bytes, std::uint64_t direct_bytes,
+                                            std::uint64_t recorder_entries = 0) {
   Layout l{};
   l.rank_area_offset = kHeaderBytes;
   if (world_size > (1u << 20)) return std::nullopt;
@@ -377,6 +429,13 @@ inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint6
   if (l.eager_offset < l.total_bytes) return std::nullopt;
   if (__builtin_add_overflow(l.eager_offset, eager_region_bytes(world_size), &l.total_bytes))
     return std::nullopt;
+  if (recorder_entries > kMaxRecorderEntries) return std::nullopt;
+  l.recorder_entries = recorder_entries;
+  l.recorder_offset = round_up(l.total_bytes, kPage);
+  if (l.recorder_offset < l.total_bytes) return std::nullopt;
+  if (__builtin_add_overflow(l.recorder_offset, recorder_region_bytes(world_size, recorder_entries),
+                             &l.total_bytes))
+    return std::nullopt;
   return l;
 }
 
@@ -394,6 +453,8 @@ SHMRING_CHECK_SHARED(P2pInbox);
 SHMRING_CHECK_SHARED(P2pEntry);
 SHMRING_CHECK_SHARED(P2pChannel);
 SHMRING_CHECK_SHARED(P2pVerdict);
+SHMRING_CHECK_SHARED(RecorderEntry);
+SHMRING_CHECK_SHARED(RecorderHead);
 #undef SHMRING_CHECK_SHARED
 // std::atomic is not trivially copyable in C++20 (deleted copy), so we check
 // its representation instead: same size as the value and always lock-free, so
@@ -406,6 +467,7 @@ static_assert(sizeof(std::atomic<std::uint64_t>) == 8);
 static_assert(sizeof(Counter) == kLine && sizeof(Descriptor) == 64);
 static_assert(offsetof(Counter, futex_gen) == 64);
 static_assert(sizeof(RankArea) % kLine == 0);
+static_assert(sizeof(RecorderEntry) == 64 && sizeof(RecorderHead) == kLine);
 static_assert(sizeof(P2pEntry) == 64 && sizeof(P2pVerdict) == 16 && sizeof(P2pChannel) == 1024);
 // The write-once part of the header fits its first line; validate_header()
 // reads exactly these bytes.

@@ -24,6 +24,7 @@ struct SegmentRequest {
   std::uint64_t slots = 0;
   std::uint64_t slot_bytes = 0;
   std::uint64_t direct_bytes = 0;
+  std::uint32_t recorder_entries = 0;  // flight recorder entries per rank (layout.hpp)
   std::uint64_t host_hash = 0;
   std::chrono::steady_clock::time_point deadline;
   std::string job_id;           // for messages (the name when empty)
@@ -83,6 +84,17 @@ class Segment {
   std::uint64_t direct_bytes() const { return direct_bytes_; }
   /// Start of the point-to-point region (layout.hpp, p2p.hpp).
   std::byte* p2p_base() { return base_ + layout_.p2p_offset; }
+  /// Rank r's flight recorder head (null when the job has no recorders);
+  /// its entries follow it (recorder_entry).
+  RecorderHead* recorder(int r) {
+    if (layout_.recorder_entries == 0) return nullptr;
+    return reinterpret_cast<RecorderHead*>(base_ + layout_.recorder_offset +
+                                           static_cast<std::uint64_t>(r) *
+                                               recorder_rank_bytes(layout_.recorder_entries));
+  }
+  std::uint64_t recorder_entries() const { return layout_.recorder_entries; }
+  const Layout& layout() const { return layout_; }
+  std::byte* base() { return base_; }
   /// Line `line` of entry `entry` of rank `r`'s eager ring (layout.hpp);
   /// block b starts at line b * kEagerBlockLines.
   EagerLine& eager_line(int r, std::uint64_t entry, std::uint64_t line) {

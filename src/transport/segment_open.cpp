@@ -52,7 +52,8 @@ void publish_cpus(RankInfo& info, const SegmentRequest& req) {
 std::unique_ptr<Segment> Segment::create_or_attach(const SegmentRequest& req) {
   const bool refusing = !req.refusal.empty();
   const auto refusal_start = Clock::now();
-  auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes);
+  auto layout = compute_layout(req.world_size, req.slots, req.slot_bytes, req.direct_bytes,
+                               req.recorder_entries);
   if (!layout && !refusing)
     throw InvalidArgumentError(
         fmt::format("rank {}: segment of {} ranks x {} slots x {} bytes overflows", req.rank,
@@ -311,6 +312,7 @@ void Segment::Opening::fill_header() {
   h.host_hash = req.host_hash;
   h.creator_pid = getpid();
   h.created_ns = static_cast<std::uint64_t>(realtime_ns(CLOCK_REALTIME_COARSE));
+  h.recorder_entries = req.recorder_entries;
   RankArea& mine = seg->rank_area(0);
   publish_cpus(mine.info, req);
   mine.info.pid.store(getpid(), std::memory_order_relaxed);

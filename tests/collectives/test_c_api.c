@@ -25,6 +25,11 @@ static void run_rank(int rank, const char* job) {
   for (int i = 0; i < kCount; ++i) x[i] = rank * 1000.0 + i;
   CHECK_OK(shmring_allreduce(x, y, kCount, SHMRING_FLOAT64, SHMRING_SUM, comm));
   for (int i = 0; i < kCount; ++i) CHECK(y[i] == 3000.0 + 3.0 * i);
+  shmring_collective_stats_t st[2];
+  int kinds = -1;
+  CHECK_OK(shmring_comm_stats(comm, st, 2, &kinds));
+  CHECK(kinds == 1 && strcmp(st[0].collective, "allreduce") == 0);
+  CHECK(st[0].calls == 1 && st[0].bytes == sizeof x && st[0].wait_ns <= st[0].time_ns);
 
   int64_t big[kRanks * 4], mine[4];
   for (int i = 0; i < kRanks * 4; ++i) big[i] = rank + i;

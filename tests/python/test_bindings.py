@@ -22,6 +22,19 @@ def comm(job_id):
         yield c
 
 
+def test_stats_count_calls_and_bytes(comm):
+    """stats() counts each kind's calls and bytes (world size 1)."""
+    assert comm.stats() == {}
+    x = np.arange(10, dtype=np.float32)
+    for _ in range(3):
+        comm.allreduce(x)
+    st = comm.stats()
+    assert list(st) == ["allreduce"]
+    assert st["allreduce"]["calls"] == 3
+    assert st["allreduce"]["bytes"] == 3 * 40
+    assert 0 <= st["allreduce"]["wait_ns"] <= st["allreduce"]["time_ns"]
+
+
 NUMPY_TYPES = {
     np.float32: shmring.DataType.FLOAT32,
     np.float64: shmring.DataType.FLOAT64,

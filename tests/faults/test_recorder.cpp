@@ -1,0 +1,252 @@
+// The flight recorder (docs/design/recorder.md): a rank that stalls before
+// its 1001st allreduce is named, with its last completed call, in every
+// rank's error; SHMRING_DUMP_DIR gets every rank's recorder as JSON;
+// `shmrun --status` during the stall shows who is where. And stats().
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "faults.hpp"
+
+using namespace shmring;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kTimeoutS = 2.0;
+
+Options opts(int r, int n, const std::string& job, double timeout = kTimeoutS) {
+  Options o;
+  o.rank = r;
+  o.world_size = n;
+  o.job_id = job;
+  o.timeout_s = timeout;
+  o.threads = 1;
+  return o;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// The output of `cmd` (stdout), or "" when it cannot run.
+std::string capture(const std::string& cmd) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// The line of `table` that starts with `rank` (as its first column).
+std::string row_of(const std::string& table, int rank) {
+  std::istringstream in(table);
+  std::string line;
+  const std::regex row("^\\s*" + std::to_string(rank) + "\\s+\\d+\\s.*");
+  while (std::getline(in, line))
+    if (std::regex_match(line, row)) return line;
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its last call") {
+  char tmpl[] = "/tmp/shmring-recorder-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const char* shmrun = std::getenv("SHMRUN");
+  REQUIRE_MESSAGE(shmrun != nullptr,
+                  "SHMRUN must name build/tools/shmrun (tests/faults/meson.build)");
+  // Messages and the status table, back to the parent.
+  auto* board = static_cast<char(*)[4096]>(
+      mmap(nullptr, 5 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(board != MAP_FAILED);
+  std::memset(board, 0, 5 * 4096);
+  const std::string job = test::unique_job_id("stall");
+  auto status = test::run_processes(4, [&](int r) {
+    setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
+    Communicator comm(opts(r, 4, job));
+    std::vector<float> x(10000, 1.0f);
+    for (int i = 0; i < 1000; ++i) comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 2) {
+      // The others wait in #1000 now; they time out 2 s after it began.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      const std::string table =
+          capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
+      std::snprintf(board[4], 4096, "%s", table.c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    }
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      std::snprintf(board[r], 4096, "%s", e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  std::string dump;
+  for (int r = 0; r < 4; ++r) {
+    const std::string m = board[r];
+    INFO("rank ", r, ": ", m);
+    CHECK(contains(m, "timed out"));
+    CHECK(contains(m, "rank(s) 2 never started collective #1000"));
+    CHECK(contains(m,
+                   "rank 2 has not entered allreduce #1000; its last completed call was "
+                   "allreduce #999, "));
+    CHECK(contains(m, "ranks 0, 1 and 3 wait in allreduce #1000"));
+    std::smatch s;
+    if (std::regex_search(m, s, std::regex("#999, ([0-9.]+) s ago"))) {
+      // rank 2 finished #999 at most ~1 s before the others entered #1000;
+      // the first of them spoke 2 s later.
+      CHECK(std::stod(s[1]) >= 1.5);
+      CHECK(std::stod(s[1]) < 6.0);
+    }
+    if (std::regex_search(m, s, std::regex("flight recorder: (\\S+\\.json)"))) dump = s[1];
+  }
+  // The dump the message names: every rank's calls up to its last.
+  REQUIRE_MESSAGE(!dump.empty(), "the message must name the dump: " << board[0]);
+  CHECK(fs::path(dump).parent_path() == fs::path(dir));
+  std::ifstream in(dump);
+  nlohmann::json j = nlohmann::json::parse(in);
+  REQUIRE(j["ranks"].size() == 4);
+  for (int r = 0; r < 4; ++r) {
+    const auto& calls = j["ranks"][r]["calls"];
+    INFO("rank ", r);
+    REQUIRE(calls.size() == 64);  // SHMRING_RECORDER_ENTRIES' default
+    const auto& last = calls.back();
+    CHECK(last["kind"] == "allreduce");
+    CHECK(last["count"] == 10000);
+    CHECK(last["bytes"] == 40000);
+    CHECK(last["dtype"] == "float32");
+    CHECK(last["op"] == "sum");
+    if (r == 2) {
+      CHECK(last["seq"] == 999);
+      CHECK(last["state"] == "completed");
+    } else {
+      CHECK(last["seq"] == 1000);
+      CHECK(last["state"] == "started");
+      CHECK(calls[62]["seq"] == 999);
+      CHECK(calls[62]["state"] == "completed");
+    }
+    CHECK(j["ranks"][r]["calls_completed"] == 1000);
+  }
+  // `shmrun --status` during the stall: rank 2 outside any collective,
+  // the others in #1000 waiting.
+  const std::string table = board[4];
+  INFO("shmrun --status:\n", table);
+  CHECK(contains(row_of(table, 2), "idle (last allreduce #999)"));
+  for (int r : {0, 1, 3}) {
+    const std::string row = row_of(table, r);
+    CHECK(contains(row, "allreduce #1000"));
+    CHECK(contains(row, "waits for"));
+  }
+  fs::remove_all(dir);
+  munmap(board, 5 * 4096);
+}
+
+TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per kind") {
+  const std::string job = test::unique_job_id("stats");
+  auto status = test::run_processes(2, [&](int r) {
+    Communicator comm(opts(r, 2, job, 30.0));
+    SHMRING_CHILD_CHECK(comm.stats().empty(), "rank %d: no calls yet", r);
+    std::vector<float> x(10000, 1.0f);
+    for (int i = 0; i < 10; ++i) comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    for (int i = 0; i < 3; ++i) comm.broadcast(x.data(), 100, DataType::float32, 0);
+    // Rank 1 arrives 300 ms late: rank 0's allreduce is blocked that long.
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    const auto st = comm.stats();
+    SHMRING_CHILD_CHECK(st.size() == 2, "rank %d: %zu kinds", r, st.size());
+    SHMRING_CHILD_CHECK(st[0].collective == "allreduce" && st[1].collective == "broadcast",
+                        "rank %d: %s, %s", r, st[0].collective.c_str(), st[1].collective.c_str());
+    SHMRING_CHILD_CHECK(st[0].calls == 11 && st[0].bytes == 11 * 40000,
+                        "rank %d: allreduce %llu calls %llu bytes", r,
+                        static_cast<unsigned long long>(st[0].calls),
+                        static_cast<unsigned long long>(st[0].bytes));
+    SHMRING_CHILD_CHECK(
+        st[1].calls == 3 && st[1].bytes == 3 * 400, "rank %d: broadcast %llu calls %llu bytes", r,
+        static_cast<unsigned long long>(st[1].calls), static_cast<unsigned long long>(st[1].bytes));
+    SHMRING_CHILD_CHECK(st[0].wait_ns <= st[0].time_ns && st[0].time_ns > 0, "rank %d", r);
+    if (r == 0)
+      SHMRING_CHILD_CHECK(st[0].wait_ns >= 250'000'000 && st[0].time_ns < 5'000'000'000,
+                          "rank 0 waited %llu ns of %llu",
+                          static_cast<unsigned long long>(st[0].wait_ns),
+                          static_cast<unsigned long long>(st[0].time_ns));
+    else
+      SHMRING_CHILD_CHECK(st[0].time_ns < 250'000'000, "rank 1 was not late inside: %llu ns",
+                          static_cast<unsigned long long>(st[0].time_ns));
+    // Non-blocking calls count too.
+    auto req = comm.iallreduce(x.data(), x.data(), 10, DataType::float32, ReduceOp::max);
+    req.wait();
+    SHMRING_CHILD_CHECK(comm.stats()[0].calls == 12, "rank %d: the async call counts", r);
+  });
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its last call") {
+  const std::string job = test::unique_job_id("recdeath");
+  auto* board = static_cast<char(*)[4096]>(
+      mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(board != MAP_FAILED);
+  std::memset(board, 0, 3 * 4096);
+  auto status = test::run_processes(3, [&](int r) {
+    Communicator comm(opts(r, 3, job, 30.0));
+    std::vector<float> x(10000, 1.0f);
+    for (int i = 0; i < 10; ++i) comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) _exit(0);  // dies without destroying its communicator
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const PeerFailureError& e) {
+      std::snprintf(board[r], 4096, "%s", e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  for (int r : {0, 2}) {
+    const std::string m = board[r];
+    INFO("rank ", r, ": ", m);
+    CHECK(contains(m, "rank 1 (pid "));
+    CHECK(contains(m, "died"));
+    CHECK(contains(m,
+                   "rank 1 has not entered allreduce #10; its last completed call was "
+                   "allreduce #9, "));
+    CHECK(contains(m, "ranks 0 and 2 wait in allreduce #10"));
+  }
+  munmap(board, 3 * 4096);
+}
+
+TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder off") {
+  const std::string job = test::unique_job_id("recoff");
+  auto status = test::run_processes(2, [&](int r) {
+    // Rank 1 asks for 16 entries; rank 0's 0 wins, so no summary.
+    setenv("SHMRING_RECORDER_ENTRIES", r == 0 ? "0" : "16", 1);
+    Communicator comm(opts(r, 2, job, 1.0));
+    std::vector<float> x(10000, 1.0f);
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      SHMRING_CHILD_CHECK(contains(e.what(), "rank(s) 1 never started collective #1"),
+                          "rank %d: %s", r, e.what());
+      SHMRING_CHILD_CHECK(!contains(e.what(), "has not entered"),
+                          "rank %d: the recorder is off: %s", r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+}
