@@ -1,0 +1,113 @@
+// CrossNode's failure handling (multi_node.hpp, "Faults"): the first failing
+// stage breaks the group, tells every rank, and names the rank that died.
+#include "multi_node.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace shmring::torch_backend {
+namespace {
+
+std::string describe(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+// False once `pid` has exited (gone, or a zombie its parent has not reaped).
+bool process_alive(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
+std::exception_ptr CrossNode::fail(const std::string& op, std::exception_ptr error) {
+  const std::string mine = describe(std::move(error));
+  const std::string here = "shmring backend: rank " + std::to_string(rank_) + ": " + op + ": ";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_.empty()) broken_ = here + mine;
+  }
+  // First tell everyone: the node's ranks through the communicator, the
+  // other nodes through gloo's closed connections (now, not at their
+  // timeout). Every rank that fails does the same, so the failure spreads
+  // across every node in a few hops.
+  try {
+    comm_->abort(here + mine);
+  } catch (...) {
+  }
+  {
+    std::lock_guard<std::mutex> g(gloo_mutex_);
+    leaders_.reset();
+    shard_.reset();
+    world_.reset();
+  }
+  // Then say why. A closed connection or an abort does not say which rank
+  // died; the ranks of the dead one's node can see it (its process is gone
+  // or a zombie) and publish it in the store for the others. A rank alone
+  // on its node has no one to see it: every failing rank reports in, and
+  // one that has not within kDeathNotice is named instead.
+  try {
+    store_->set(prefix_ + "reported/" + std::to_string(rank_), std::vector<std::uint8_t>{1});
+  } catch (...) {
+  }
+  const std::string dead_key = prefix_ + "dead";
+  std::string dead;
+  for (int r : layout_.nodes[static_cast<std::size_t>(node_)]) {
+    const int pid = layout_.pids[static_cast<std::size_t>(r)];
+    if (r == rank_ || process_alive(pid)) continue;
+    dead += std::string(dead.empty() ? "" : "; ") + "rank " + std::to_string(r) + " (pid " +
+            std::to_string(pid) + " on host " + layout_.hosts[static_cast<std::size_t>(node_)] +
+            ") died";
+  }
+  try {
+    if (!dead.empty()) {
+      store_->set(dead_key, std::vector<std::uint8_t>(dead.begin(), dead.end()));
+    } else {
+      store_->wait({dead_key}, kDeathNotice);
+      const auto bytes = store_->get(dead_key);
+      dead.assign(bytes.begin(), bytes.end());
+    }
+  } catch (...) {
+    // No rank of a node with peers died (a timeout, a mismatch, or a rank
+    // alone on its node), or the store is gone with it.
+  }
+  if (dead.empty()) {
+    try {
+      for (int r = 0; r < size_; ++r) {
+        if (store_->check({prefix_ + "reported/" + std::to_string(r)})) continue;
+        const auto node = static_cast<std::size_t>(layout_.node_of[static_cast<std::size_t>(r)]);
+        dead += std::string(dead.empty() ? "" : "; ") + "rank " + std::to_string(r) + " (pid " +
+                std::to_string(layout_.pids[static_cast<std::size_t>(r)]) + " on host " +
+                layout_.hosts[node] + ") died or hangs: it did not report within " +
+                std::to_string(kDeathNotice.count()) + " ms of the failure";
+      }
+    } catch (...) {
+    }
+  }
+  const std::string message =
+      dead.empty() ? here + mine : here + dead + " (this rank saw: " + mine + ")";
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = message;
+  }
+  return std::make_exception_ptr(std::runtime_error(message));
+}
+
+}  // namespace shmring::torch_backend
