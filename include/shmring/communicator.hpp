@@ -27,7 +27,8 @@ struct CollectiveStats {
   std::uint64_t time_ns = 0;  ///< time inside those calls, from start to end (steady clock)
   /// Of time_ns, the time this rank was blocked on a peer: in waits for a
   /// peer's shared counter (its arrival, its data, room in its slots) that
-  /// did not succeed at their first check. Waits inside the one-line and
+  /// outlasted the spin and yield phases (2 ms by default), from their first
+  /// slow check on (docs/design/recorder.md). Waits inside the one-line and
   /// eager paths that poll a peer's line directly are not counted.
   std::uint64_t wait_ns = 0;
 };
