@@ -10,7 +10,8 @@ command -v "$cxx" >/dev/null 2>&1 || { echo "skipped: $cxx not found"; exit 77; 
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 bin="$out/fuzz_header"
 if ! "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I"$src/src" "$src/tests/faults/fuzz_header.cpp" "$src/src/header_check.cpp" -lfmt \
+    -I"$src/src" -I"$src/include" "$src/tests/faults/fuzz_header.cpp" \
+    "$src/src/transport/header_check.cpp" -lfmt \
     -o "$bin" 2>"$out/fuzz_build.log"; then
   if grep -qi "fuzzer" "$out/fuzz_build.log"; then
     echo "skipped: libFuzzer not available (apt-get install libclang-rt-14-dev)"
