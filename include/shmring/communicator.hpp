@@ -100,7 +100,7 @@ struct Config {
   /// Every rank registered for membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)
   /// (none set SHMRING_MEMBARRIER=0, no kernel or seccomp refused): ranks
   /// publish their counters without a fence and a rank about to sleep
-  /// fences for everyone (src/wait.hpp, after Linux's membarrier(2)).
+  /// fences for everyone (src/transport/wait.hpp, after Linux's membarrier(2)).
   bool asymmetric_fence = false;
   std::string algorithm = "auto";            ///< SHMRING_ALGO: auto, ring, direct or two_shot.
   NtStores nt_stores = NtStores::automatic;  ///< SHMRING_NT_STORES: auto, 0 or 1.

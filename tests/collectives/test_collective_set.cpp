@@ -30,7 +30,7 @@ namespace {
 
 const std::vector<int> kSizes = {1, 2, 3, 5, 8};
 // Eager gathers and scatters of blocks up to 488 bytes may run this many
-// collectives ahead (src/layout.hpp kEagerEntries): a rank that left one
+// collectives ahead (src/transport/layout.hpp kEagerEntries): a rank that left one
 // early hears of a disagreement within that many later calls.
 constexpr int kRunAhead = 32;
 constexpr std::size_t kBig = (1u << 20) + 3;

@@ -1,5 +1,5 @@
 // Adversarial tests of the staged collectives' single-copy round
-// (src/staged.cpp "Single copy"): alltoall, gather, scatter, allgather and allgatherv
+// (src/algorithms/staged/staged.cpp "Single copy"): alltoall, gather, scatter, allgather and allgatherv
 // whose largest block is 64-256 KiB read the writers' buffers with
 // process_vm_readv at N=2 when the job is not oversubscribed. Every result is
 // compared with a serial reference; the edges probed are odd element sizes

@@ -5,7 +5,7 @@
 // below rank 1 arrives 1 s late and rank 0's process CPU time (every
 // thread: the caller, the progress thread, the reduction threads) across
 // its wait stays under kMaxCpu. Today about 5 ms; with the futex slice
-// given in the wrong unit (src/wait.cpp: nanoseconds for microseconds, so
+// given in the wrong unit (src/transport/wait.cpp: nanoseconds for microseconds, so
 // each slice ends at once), about 300 ms.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
