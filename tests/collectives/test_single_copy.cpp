@@ -1,13 +1,12 @@
 // Adversarial tests of the staged collectives' single-copy round
-// (src/algorithms/staged/staged.cpp "Single copy"): alltoall, gather, scatter, allgather and allgatherv
-// whose largest block is 64-256 KiB read the writers' buffers with
-// process_vm_readv at N=2 when the job is not oversubscribed. Every result is
-// compared with a serial reference; the edges probed are odd element sizes
-// and unaligned buffers, i-forms in flight together, interleaving with other
-// collectives and point-to-point, one rank with SHMRING_CMA=0, a writer that
-// overwrites its buffer right after return, a writer killed while its peer
-// still has to read it, oversubscribed jobs (N=3, or N=2 on one CPU), split
-// communicators and ranks that are parent and child.
+// (src/algorithms/staged/staged.cpp "Single copy"): alltoall, gather, scatter, allgather and
+// allgatherv whose largest block is 64-256 KiB read the writers' buffers with process_vm_readv at
+// N=2 when the job is not oversubscribed. Every result is compared with a serial reference; the
+// edges probed are odd element sizes and unaligned buffers, i-forms in flight together,
+// interleaving with other collectives and point-to-point, one rank with SHMRING_CMA=0, a writer
+// that overwrites its buffer right after return, a writer killed while its peer still has to read
+// it, oversubscribed jobs (N=3, or N=2 on one CPU), split communicators and ranks that are parent
+// and child.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
