@@ -71,6 +71,8 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
   const char* shmrun = std::getenv("SHMRUN");
   REQUIRE_MESSAGE(shmrun != nullptr,
                   "SHMRUN must name build/tools/shmrun (tests/faults/meson.build)");
+  // Empty in a cross build, whose shmrun this host cannot run directly.
+  const bool with_status = *shmrun != '\0';
   // Messages and the status table, back to the parent.
   auto* board = static_cast<char(*)[4096]>(
       mmap(nullptr, 5 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -85,9 +87,11 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
     if (r == 2) {
       // The others wait in #1000 now; they time out 2 s after it began.
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-      const std::string table =
-          capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
-      std::snprintf(board[4], 4096, "%s", table.c_str());
+      if (with_status) {
+        const std::string table =
+            capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
+        std::snprintf(board[4], 4096, "%s", table.c_str());
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     }
     try {
@@ -148,11 +152,15 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
   // the others in #1000 waiting.
   const std::string table = board[4];
   INFO("shmrun --status:\n", table);
-  CHECK(contains(row_of(table, 2), "idle (last allreduce #999)"));
-  for (int r : {0, 1, 3}) {
-    const std::string row = row_of(table, r);
-    CHECK(contains(row, "allreduce #1000"));
-    CHECK(contains(row, "waits for"));
+  if (with_status) {
+    CHECK(contains(row_of(table, 2), "idle (last allreduce #999)"));
+    for (int r : {0, 1, 3}) {
+      const std::string row = row_of(table, r);
+      CHECK(contains(row, "allreduce #1000"));
+      CHECK(contains(row, "waits for"));
+    }
+  } else {
+    MESSAGE("cross build: shmrun --status not run (SHMRUN is empty)");
   }
   fs::remove_all(dir);
   munmap(board, 5 * 4096);
