@@ -923,6 +923,177 @@ TEST_CASE("a sender that dies with an isend pending: the recv is PeerFailureErro
   });
 }
 
+TEST_CASE("a recv that timed out is never matched by a later send: the send fails at once") {
+  // Rank 1's irecv of 1 MiB times out (rank 0 is late). Rank 0's later
+  // sends, rendezvous and inline alike, must fail at once naming rank 1's
+  // timeout, not wait SHMRING_TIMEOUT for a recv that is gone, and nothing
+  // may land in the timed-out recv's buffer.
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 1;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          std::string what;
+          if (comm.rank() == 1) {
+            std::vector<float> in(kBig, -1.0f);
+            Request q = comm.irecv(in.data(), kBig, DataType::float32, 0, 9);
+            SHMRING_CHILD_CHECK(throws_as<TimeoutError>([&] { q.wait(); }, &what) &&
+                                    what.find("sent no matching message") != std::string::npos,
+                                "%s: the irecv: %s", how, what.c_str());
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // rank 0 sends now
+            std::size_t changed = 0;
+            for (float v : in) changed += v != -1.0f;
+            SHMRING_CHILD_CHECK(changed == 0,
+                                "%s: %zu elements of the timed-out recv's buffer "
+                                "were written after it failed",
+                                how, changed);
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            std::vector<float> buf(kBig, 42.0f);
+            for (const std::size_t count : {kBig, std::size_t{3}}) {
+              const auto t0 = std::chrono::steady_clock::now();
+              SHMRING_CHILD_CHECK(
+                  throws_as<Error>([&] { comm.send(buf.data(), count, DataType::float32, 1, 9); },
+                                   &what),
+                  "%s: a send of %zu after rank 1's recv timed out returned", how, count);
+              const double s =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              SHMRING_CHILD_CHECK(s < 0.5, "%s: the send of %zu took %.2f s to fail", how, count,
+                                  s);
+              SHMRING_CHILD_CHECK(what.find("rank 1: timed out") != std::string::npos &&
+                                      what.find("recv(count=262144, float32) from rank 0, tag 9") !=
+                                          std::string::npos,
+                                  "%s: the send's error does not name rank 1's recv: %s", how,
+                                  what.c_str());
+            }
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("a dropped pending irecv Request leaves nothing a later send can match") {
+  // ~Request waits for the irecv (it times out); rank 0's later send fails
+  // at once and the dropped recv's buffer stays untouched.
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 1;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          std::vector<float> buf(kBig, comm.rank() == 0 ? 42.0f : -1.0f);
+          if (comm.rank() == 1) {
+            { Request dropped = comm.irecv(buf.data(), kBig, DataType::float32, 0, 9); }
+            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            std::size_t changed = 0;
+            for (float v : buf) changed += v != -1.0f;
+            SHMRING_CHILD_CHECK(changed == 0,
+                                "%s: %zu elements of the dropped recv's buffer "
+                                "were written",
+                                how, changed);
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            const auto t0 = std::chrono::steady_clock::now();
+            SHMRING_CHILD_CHECK(
+                throws_as<Error>([&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }),
+                "%s: the send after the dropped irecv returned", how);
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            SHMRING_CHILD_CHECK(s < 0.5, "%s: the send took %.2f s to fail", how, s);
+          }
+        },
+        60, o);
+    CHECK(test::all_zero(st));
+  });
+}
+
+TEST_CASE("a receiver that dies while a blocking send waits: PeerFailureError, then refusals") {
+  with_and_without_single_copy([](const char* how) {
+    Options o;
+    o.timeout_s = 20;
+    auto st = test::run_ranks(
+        2,
+        [&](Communicator& comm) {
+          if (comm.rank() == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            kill(getpid(), SIGKILL);
+          }
+          std::vector<float> buf(kBig, 42.0f);
+          std::string what;
+          const auto t0 = std::chrono::steady_clock::now();
+          SHMRING_CHILD_CHECK(
+              throws_as<PeerFailureError>(
+                  [&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }, &what) &&
+                  what.find("rank 1") != std::string::npos &&
+                  what.find("died") != std::string::npos,
+              "%s: the send to a dead receiver: %s", how, what.c_str());
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          SHMRING_CHILD_CHECK(s < 5, "%s: the send took %.1f s to fail", how, s);
+          SHMRING_CHILD_CHECK(
+              throws_as<AbortedError>([&] { comm.send(buf.data(), 3, DataType::float32, 1, 1); }),
+              "%s: a later send was not refused", how);
+          _exit(0);  // rank 1 is gone: skip the teardown
+        },
+        60, o);
+    CHECK(st[0] == 0);
+    CHECK(st[1] == 128 + SIGKILL);
+  });
+}
+
+TEST_CASE("a message already scanned by the receiver is refused once its sender gives up on it") {
+  // Rank 0 isends 1 MiB with tag 9, then sends 3 floats with tag 8; rank
+  // 1's recv of tag 8 copies both headers out, the tag-9 one into its list
+  // of unmatched messages. Rank 0 then destroys its communicator (the isend
+  // is withdrawn, which breaks nothing) and reuses the buffer. Rank 1's
+  // recv of tag 9, matched from that list, must fail naming rank 0's
+  // withdrawal, not read the reused buffer.
+  with_and_without_single_copy([](const char* how) {
+    const std::string job = test::unique_job_id("scanned");
+    auto st = test::run_processes(2, [&](int r) {
+      Options o;
+      o.rank = r;
+      o.world_size = 2;
+      o.job_id = job;
+      o.timeout_s = 5;
+      std::vector<float> buf(kBig, 42.0f);
+      float small[3] = {1, 2, 3};
+      if (r == 0) {
+        Request s;
+        {
+          Communicator comm(o);
+          s = comm.isend(buf.data(), kBig, DataType::float32, 1, 9);
+          comm.send(small, 3, DataType::float32, 1, 8);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 takes tag 8
+        }
+        SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { s.wait(); }),
+                            "%s: the isend outlived its communicator", how);
+        std::fill(buf.begin(), buf.end(), 7.0f);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      } else {
+        Communicator comm(o);
+        float got[3] = {0, 0, 0};
+        comm.recv(got, 3, DataType::float32, 0, 8);
+        SHMRING_CHILD_CHECK(got[2] == 3.0f, "%s: tag 8 got %g", how, got[2]);
+        std::this_thread::sleep_for(std::chrono::milliseconds(800));  // rank 0 gave up now
+        std::vector<float> in(kBig, -1.0f);
+        std::string what;
+        SHMRING_CHILD_CHECK(
+            throws_as<PeerFailureError>(
+                [&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); }, &what) &&
+                what.find("rank 0 gave up on message #0") != std::string::npos,
+            "%s: the recv of the withdrawn message: %s", how, what.c_str());
+        std::size_t sevens = 0;
+        for (float v : in) sevens += v == 7.0f;
+        SHMRING_CHILD_CHECK(sevens == 0, "%s: %zu reused elements arrived", how, sevens);
+      }
+    });
+    CHECK(test::all_zero(st));
+  });
+}
+
 TEST_CASE("two threads of each rank send and receive on one communicator at once") {
   CHECK(test::all_zero(test::run_ranks(2, [](Communicator& comm) {
     const int r = comm.rank(), p = 1 - r;
