@@ -162,6 +162,37 @@ def scenario_dropped_request(comm):
         recv_must_fail(comm, 0, 9)
 
 
+def scenario_dropped_irecv(comm):
+    """A pending irecv Request garbage-collected: dropping it waits for it
+    (it fails at SHMRING_TIMEOUT, with a RuntimeWarning); rank 0's later
+    send raises at once naming rank 1's recv, and nothing is written into
+    the dropped recv's array."""
+    if comm.rank == 1:
+        buf = np.full(BIG, -1.0, np.float32)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            req = comm.recv(buf, 0, 9, async_op=True)
+            del req
+            gc.collect()
+        check(any("dropped before wait()" in str(w.message) for w in seen),
+              f"no warning for the failed dropped irecv: {[str(w.message) for w in seen]}")
+        time.sleep(2.5)  # rank 0 sends meanwhile
+        check((buf == -1.0).all(),
+              f"{int((buf != -1.0).sum())} elements of the dropped recv's array were written")
+    else:
+        time.sleep(1.8)
+        for n in (BIG, 3):  # rendezvous and inline
+            t0 = time.monotonic()
+            try:
+                comm.send(np.full(n, 42.0, np.float32), 1, 9)
+                raise AssertionError(f"a send of {n} after the dropped irecv returned")
+            except shmring.Error as e:
+                check("rank 1: timed out" in str(e) and "recv(count=262144, float32)" in str(e),
+                      f"the send's error does not name rank 1's recv: {e}")
+            check(time.monotonic() - t0 < 0.5,
+                  f"the send of {n} took {time.monotonic() - t0:.2f} s to fail")
+
+
 def main():
     scenario, rank, size, job_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     with shmring.Communicator(rank=rank, size=size, job_id=job_id) as comm:

@@ -24,10 +24,11 @@ def test_argument_errors_and_mismatch_on_both_ranks():
 
 
 @pytest.mark.parametrize("cma", ["auto", "0"])
-@pytest.mark.parametrize("scenario", ["failed_send", "dropped_request"])
+@pytest.mark.parametrize("scenario", ["failed_send", "dropped_request", "dropped_irecv"])
 def test_send_ended_early_is_never_delivered(scenario, cma):
     """A send that timed out, or whose Request was dropped, is not delivered
-    later (not from its reused buffer): the late recv raises. Single copy on
+    later (not from its reused buffer): the late recv raises. A dropped irecv
+    is never matched by a later send: the send raises at once. Single copy on
     and off."""
     env = {"SHMRING_TIMEOUT": "1"}
     if cma == "0":
