@@ -97,8 +97,15 @@
 //     refused verdict; a sender that sees `taking` name the message keeps it
 //     until its verdict (the read is short; the receiver's death or a further
 //     SHMRING_TIMEOUT ends that wait) and only then completes it with its
-//     error (end_early). A staged recv whose sender withdrew fails at its
-//     next check instead of waiting for slices that will not come.
+//     error (end_early). A send whose deadline passes while `taking` names
+//     it is not given up on at all: the read moves, so it gets one more
+//     SHMRING_TIMEOUT and completes as delivered, and exactly one of
+//     "received" and "failed" happens. When that wait ends without a
+//     verdict, the sender stores `released` = m+1 before its caller gets
+//     the buffer back; the receiver loads it after its read (both seq_cst)
+//     and, seeing it, discards what it read and fails the recv. A staged recv
+//     whose sender withdrew fails at its next check instead of waiting for
+//     slices that will not come.
 //   - After a timeout or a dead peer the communicator is broken, on every
 //     rank, as after a failed collective (README.md, "Rules"): the rank that
 //     found the error records it as the job's error (break_job), its

@@ -103,6 +103,9 @@ class P2p {
   /// The recv `op` matched a message of a sender that withdrew (`code`):
   /// it fails, and the sender hears of it by a refused verdict.
   void refuse(int peer, const OpPtr& op, std::uint64_t code);
+  /// The single-copy read of `op`'s message ended after its sender gave the
+  /// buffer back (`released`): `op` fails, naming the sender's error.
+  void discard_read(int peer, const OpPtr& op);
   /// The error of `op` ended by the job's recorded error `a`: its class,
   /// this rank and `op` in the words. `later`: `op` is a new call of a rank
   /// that has thrown an error already (AbortedError then, as collectives).

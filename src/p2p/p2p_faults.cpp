@@ -20,10 +20,14 @@ void P2p::check_pending(std::unique_lock<std::mutex>& lock) {
   if (ops.empty()) return;
   const auto now = Clock::now();
   // Sends given up on while their receiver read them wait for its verdict;
-  // not past its death or a further SHMRING_TIMEOUT.
+  // not past its death or a further SHMRING_TIMEOUT. Their buffer goes back
+  // to the caller then, read or not: `released` tells the receiver to
+  // discard what it read (deliver_matched).
   for (auto& op : ops)
-    if (op->failing && !op->done && (now >= op->deadline || !c_.seg->rank_alive(op->peer)))
+    if (op->failing && !op->done && (now >= op->deadline || !c_.seg->rank_alive(op->peer))) {
+      channel(c_.rank, op->peer).send.released.store(op->msg + 1, std::memory_order_seq_cst);
       finish(op, op->failing);
+    }
   if (auto a = read_abort(c_.seg->header())) {
     for (auto& op : ops)
       if (!op->done && !op->failing) end_early(op, job_error(*op, *a, false), kP2pWithdrawnFailed);
@@ -53,11 +57,25 @@ void P2p::check_pending(std::unique_lock<std::mutex>& lock) {
                       c_.area(op->peer).info.pid.load(),
                       clean ? "destroyed its communicator" : "died", c_.rank, describe(*op))));
     } else if (now >= op->deadline) {
-      error = std::make_exception_ptr(TimeoutError(
-          fmt::format("rank {}: timed out after {} s in {}: rank {} {} (SHMRING_TIMEOUT sets the "
-                      "limit)",
-                      c_.rank, c_.config.timeout_s, describe(*op), op->peer,
-                      op->is_send ? "did not take the message" : "sent no matching message")));
+      // A send its receiver is reading right now (it claimed the message
+      // before we gave up): the read moves, so it gets one more
+      // SHMRING_TIMEOUT and completes as delivered. Withdrawing it now would
+      // fail a send whose bytes arrive. A claim after this load meets the
+      // withdraw hand-shake in end_early instead.
+      const bool reading =
+          op->is_send && op->msg != kNoMsg &&
+          channel(c_.rank, op->peer).recv.taking.load(std::memory_order_seq_cst) == op->msg + 1;
+      if (reading && !op->graced) {
+        op->graced = true;
+        op->deadline = c_.deadline();
+        continue;
+      }
+      error = std::make_exception_ptr(TimeoutError(fmt::format(
+          "rank {}: timed out after {} s in {}: rank {} {} (SHMRING_TIMEOUT sets the limit)",
+          c_.rank, c_.config.timeout_s, describe(*op), op->peer,
+          !op->is_send ? "sent no matching message"
+          : reading    ? "did not finish reading the message"
+                       : "did not take the message")));
     } else {
       continue;
     }
@@ -77,7 +95,8 @@ void P2p::end_early(const OpPtr& op, std::exception_ptr error, std::uint64_t cod
   // receiver must not read it from now on.
   if (op->is_send && op->msg != kNoMsg && withdraw(op->peer, code) == op->msg + 1) {
     op->failing = error;
-    op->deadline = c_.deadline();
+    // A send that had its extra time already waits no longer.
+    if (!op->graced) op->deadline = c_.deadline();
     return;
   }
   finish(op, error);

@@ -93,6 +93,15 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
     const int pid = c_.area(peer).info.pid.load(std::memory_order_relaxed);
     const int err = cma_read_parallel(cma_arena(op->bytes), pid, op->buf, h.addr, op->bytes);
     if (err == 0) {
+      // The sender may have given the buffer back to its caller while we
+      // read (a read stalled past its further deadline): our reads come
+      // before this load, its caller's writes after its store, so what we
+      // read is whole unless we see `released` name the message.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (ch.send.released.load(std::memory_order_seq_cst) == h.msg + 1) {
+        discard_read(peer, op);
+        return;
+      }
       queue_verdict(peer, op, kP2pVerdictOk, false, nullptr);
       return;
     }
@@ -142,6 +151,21 @@ void P2p::deliver_matched(int peer, const OpPtr& op, const std::byte* outbox_pay
   }
   op->nslices = (op->bytes + stage_bytes_ - 1) / stage_bytes_;
   stage_queue_.push_back(op);
+}
+
+void P2p::discard_read(int peer, const OpPtr& op) {
+  const auto a = read_abort(c_.seg->header());
+  const std::string what = fmt::format(
+      "rank {}: {} failed: rank {} gave up on message #{} while this rank was reading it{}{}; "
+      "the bytes read are discarded",
+      c_.rank, describe(*op), peer, op->hdr.msg, a ? ": " : "", a ? a->reason : std::string());
+  std::exception_ptr error;
+  try {
+    throw_error(a ? static_cast<ErrorCode>(a->code) : ErrorCode::peer_failure, what);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  queue_verdict(peer, op, kP2pVerdictRefused, true, error);
 }
 
 bool P2p::progress_recv(int peer, PeerState& ps) {

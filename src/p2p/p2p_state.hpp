@@ -45,6 +45,9 @@ struct P2p::Op {
   // A posted send given up on while its receiver was reading it (end_early):
   // it completes with this error at its verdict.
   std::exception_ptr failing;
+  // A send whose deadline passed while its receiver was reading it: it got
+  // one more SHMRING_TIMEOUT to finish (check_pending), and no more.
+  bool graced = false;
   Clock::time_point deadline;
   // Send: message number once posted; eager = inline (done at posting;
   // an outbox send is too, decided at posting: buffered below).

@@ -32,7 +32,7 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    15;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    16;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
@@ -40,7 +40,8 @@ inline constexpr std::uint32_t kLayoutVersion =
          // 12: Counter's futex words on a line of their own,
          // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
          // 14: p2p withdrawn / taking words, refused verdicts;
-         // 15: flight recorders (Header::recorder_entries)
+         // 15: flight recorders (Header::recorder_entries);
+         // 16: p2p released word
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -318,6 +319,10 @@ struct P2pChannel {
     // Nonzero (a kP2pWithdrawn* code) once s gave up on its unfinished sends
     // to r: r then never reads s's memory again (p2p.cpp, "Ending early").
     std::atomic<std::uint64_t> withdrawn;
+    // m+1 once s gave up on message m while r was reading it (past a
+    // further deadline): s's caller has the buffer back, so r discards
+    // what it read and fails the recv.
+    std::atomic<std::uint64_t> released;
   } send;  // written by s
   // A line of its own: r stores it after every batch of headers, and s
   // reads it only when its copy says all entries are taken, while s reads

@@ -9,14 +9,19 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 
@@ -715,6 +720,87 @@ void recv_must_fail(Communicator& comm, int from, int tag, const char* how) {
   std::printf("rank %d (%s): recv failed after %.2f s: %s\n", comm.rank(), how, s, what.c_str());
 }
 
+// A receive buffer whose first page fault is served only after `stall`
+// (userfaultfd): a single-copy read into it (process_vm_readv writes it
+// from the kernel) stops at its first page that long, so a read that is in
+// progress at the sender's deadline is made on purpose, not by luck. The
+// later faults are served at once. data() is null where userfaultfd is
+// refused (no privilege, seccomp).
+class StallingBuffer {
+ public:
+  StallingBuffer(std::size_t bytes, std::chrono::milliseconds stall)
+      : page_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))),
+        bytes_((bytes + page_ - 1) / page_ * page_) {
+    fd_ = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+    if (fd_ < 0) return;
+    uffdio_api api{};
+    api.api = UFFD_API;
+    void* m = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ioctl(fd_, UFFDIO_API, &api) != 0 || m == MAP_FAILED) return;
+    uffdio_register reg{};
+    reg.range.start = reinterpret_cast<std::uintptr_t>(m);
+    reg.range.len = bytes_;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (ioctl(fd_, UFFDIO_REGISTER, &reg) != 0) {
+      munmap(m, bytes_);
+      return;
+    }
+    mem_ = m;
+    server_ = std::thread([this, stall] { serve(stall); });
+  }
+  ~StallingBuffer() {
+    stop_ = true;
+    if (server_.joinable()) server_.join();
+    if (mem_) munmap(mem_, bytes_);
+    if (fd_ >= 0) close(fd_);
+  }
+  StallingBuffer(const StallingBuffer&) = delete;
+  StallingBuffer& operator=(const StallingBuffer&) = delete;
+  float* data() const { return static_cast<float*>(mem_); }
+
+ private:
+  void serve(std::chrono::milliseconds stall) {
+    std::vector<char> fill(page_, 0);
+    bool first = true;
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 10) <= 0) continue;
+      uffd_msg msg{};
+      if (read(fd_, &msg, sizeof msg) != static_cast<ssize_t>(sizeof msg) ||
+          msg.event != UFFD_EVENT_PAGEFAULT)
+        continue;
+      if (first) {
+        first = false;
+        std::this_thread::sleep_for(stall);
+      }
+      uffdio_copy copy{};
+      copy.dst = msg.arg.pagefault.address & ~static_cast<std::uint64_t>(page_ - 1);
+      copy.src = reinterpret_cast<std::uintptr_t>(fill.data());
+      copy.len = page_;
+      ioctl(fd_, UFFDIO_COPY, &copy);  // EEXIST: served already
+    }
+  }
+  const std::size_t page_, bytes_;
+  int fd_ = -1;
+  void* mem_ = nullptr;
+  std::atomic<bool> stop_{false};
+  std::thread server_;
+};
+
+// Skips (true) where single copy or userfaultfd is refused here.
+bool skip_stalled_reads() {
+  if (!test::sibling_reads_work()) {
+    MESSAGE("skipped: process_vm_readv between sibling processes is refused here");
+    return true;
+  }
+  StallingBuffer probe(4096, std::chrono::milliseconds(0));
+  if (!probe.data()) {
+    MESSAGE("skipped: userfaultfd is refused here");
+    return true;
+  }
+  return false;
+}
+
 // Runs `body` for single copy on and off (SHMRING_CMA=0).
 template <class F>
 void with_and_without_single_copy(F&& body) {
@@ -1092,6 +1178,105 @@ TEST_CASE("a message already scanned by the receiver is refused once its sender 
     });
     CHECK(test::all_zero(st));
   });
+}
+
+TEST_CASE("a send whose receiver is reading it at the deadline completes as delivered") {
+  // Rank 1 claims rank 0's 1 MiB message at 0.3 s and its single-copy read
+  // stalls 1.5 s (StallingBuffer) across rank 0's 1 s deadline. Exactly one
+  // of "received" and "failed" may happen: the read moves, so the send
+  // completes, the recv has every byte, and the communicator stays usable.
+  if (skip_stalled_reads()) return;
+  unsetenv("SHMRING_CMA");
+  unsetenv("SHMRING_CMA_MIN_BYTES");
+  Options o;
+  o.timeout_s = 1;
+  auto st = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        std::string what;
+        std::int64_t token = 0;
+        if (comm.rank() == 0) {
+          std::vector<float> buf(kBig, 42.0f);
+          SHMRING_CHILD_CHECK(
+              !throws_as<Error>([&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); },
+                                &what),
+              "the send failed although rank 1 was reading it: %s", what.c_str());
+          comm.recv(&token, 1, DataType::int64, 1, 2);
+          SHMRING_CHILD_CHECK(token == 77, "the exchange after it: %lld", (long long)token);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          StallingBuffer in(kBig * sizeof(float), std::chrono::milliseconds(1500));
+          SHMRING_CHILD_CHECK(
+              !throws_as<Error>([&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); },
+                                &what),
+              "the recv failed: %s", what.c_str());
+          std::size_t wrong = 0;
+          for (std::size_t i = 0; i < kBig; ++i) wrong += in.data()[i] != 42.0f;
+          SHMRING_CHILD_CHECK(wrong == 0, "%zu of %zu elements are not 42.0", wrong, kBig);
+          token = 77;
+          comm.send(&token, 1, DataType::int64, 0, 2);
+        }
+      },
+      60, o);
+  CHECK(test::all_zero(st));
+}
+
+TEST_CASE("a read that outlasts the sender's extra time is discarded, never returned") {
+  // As above with a 3 s stall: rank 0 gives up at its second deadline (2 s)
+  // and gets its buffer back, writes 7.0 over it and stays alive. Rank 1's
+  // read then resumes and copies 7.0: its recv must fail, naming rank 0
+  // giving up, and not return what it read.
+  if (skip_stalled_reads()) return;
+  unsetenv("SHMRING_CMA");
+  unsetenv("SHMRING_CMA_MIN_BYTES");
+  Options o;
+  o.timeout_s = 1;
+  auto st = test::run_ranks(
+      2,
+      [&](Communicator& comm) {
+        std::string what;
+        if (comm.rank() == 0) {
+          std::vector<float> buf(kBig, 42.0f);
+          const auto t0 = std::chrono::steady_clock::now();
+          const bool threw = throws_as<TimeoutError>(
+              [&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }, &what);
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          // Reused, and alive while rank 1 reads, whatever the checks below say.
+          std::fill(buf.begin(), buf.end(), 7.0f);
+          std::printf("rank 0: the send %s after %.2f s; 7.0 written over its buffer\n",
+                      threw ? "failed" : "returned", s);
+          std::fflush(stdout);
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+          SHMRING_CHILD_CHECK(threw && what.find("did not finish reading") != std::string::npos,
+                              "the send: %s", what.c_str());
+          SHMRING_CHILD_CHECK(s < 2.8, "the send took %.2f s to fail", s);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          StallingBuffer in(kBig * sizeof(float), std::chrono::milliseconds(3000));
+          const auto t0 = std::chrono::steady_clock::now();
+          const bool threw =
+              throws_as<Error>([&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); }, &what);
+          std::printf("rank 1: the recv %s after %.2f s\n", threw ? "failed" : "returned",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          std::fflush(stdout);
+          std::size_t sevens = 0;
+          for (std::size_t i = 0; i < kBig; ++i) sevens += in.data()[i] == 7.0f;
+          SHMRING_CHILD_CHECK(threw,
+                              "the recv returned after rank 0 took its buffer back (%zu of %zu "
+                              "elements are its reused 7.0)",
+                              sevens, kBig);
+          SHMRING_CHILD_CHECK(what.find("rank 0 gave up on message #0 while this rank was "
+                                        "reading it") != std::string::npos,
+                              "the recv's error: %s", what.c_str());
+          std::printf("rank 1: %s\n", what.c_str());
+          float x = 0;
+          SHMRING_CHILD_CHECK(throws_as<Error>([&] { comm.recv(&x, 1, DataType::float32, 0, 1); }),
+                              "a recv after the failure succeeded");
+        }
+      },
+      60, o);
+  CHECK(test::all_zero(st));
 }
 
 TEST_CASE("two threads of each rank send and receive on one communicator at once") {
