@@ -72,6 +72,20 @@ def test_dropped_isend_that_failed_is_never_delivered(tmp, cma):
         assert "p2p_ended_early ok" in out
 
 
+@pytest.mark.parametrize("cma", ["auto", "0"])
+def test_dropped_irecv_is_never_matched_by_a_later_send(tmp, cma):
+    """dist.irecv's Work dropped while pending: the recv times out, and rank
+    0's later dist.send raises at once naming it; the dropped tensor is not
+    written. Single copy on and off."""
+    env = {"SHMRING_TIMEOUT": "1"}
+    if cma == "0":
+        env["SHMRING_CMA"] = "0"
+    results = run_job("p2p_dropped_irecv", 2, tmp, env=env)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "p2p_dropped_irecv ok" in out
+
+
 def test_peer_death_is_an_error_on_the_survivors(tmp):
     """Rank 1 is SIGKILLed: ranks 0 and 2 get RuntimeError naming it within
     seconds, and the group refuses later operations."""

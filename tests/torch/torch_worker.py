@@ -619,6 +619,31 @@ def scenario_p2p_ended_early(rank, size):
     print("p2p_ended_early ok", flush=True)
 
 
+def scenario_p2p_dropped_irecv(rank, size):
+    """A dist.irecv whose Work is dropped while pending (SHMRING_TIMEOUT=1):
+    the recv times out on the progress thread and breaks the group, so rank
+    0's later dist.send raises at once, naming rank 1's recv, instead of
+    waiting for a recv that is gone; nothing lands in the dropped tensor."""
+    n = 1 << 18
+    if rank == 1:
+        t = torch.full((n,), -1.0)
+        w = dist.irecv(t, 0, tag=9)
+        del w
+        gc.collect()
+        time.sleep(3.0)  # rank 0 sends meanwhile
+        check(bool((t == -1.0).all()), "the dropped irecv's tensor was written")
+    else:
+        time.sleep(1.8)  # past rank 1's SHMRING_TIMEOUT
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.send(torch.full((n,), 42.0), 1, tag=9),
+                           "rank 1: timed out", "recv(count=262144, float32)")
+        check(time.monotonic() - t0 < 0.5,
+              f"the send took {time.monotonic() - t0:.2f} s to fail")
+        print("rank 0 refused:", msg, flush=True)
+    expect_error(lambda: dist.recv(torch.ones(3), 1 - rank, tag=1))
+    print("p2p_dropped_irecv ok", flush=True)
+
+
 def scenario_peer_death(rank, size):
     """Rank 1 is SIGKILLed mid-training; the others get RuntimeError with
     shmring's message (naming rank 1) quickly, and later operations fail."""
