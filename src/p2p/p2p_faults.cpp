@@ -26,6 +26,9 @@ void P2p::check_pending(std::unique_lock<std::mutex>& lock) {
   for (auto& op : ops)
     if (op->failing && !op->done && (now >= op->deadline || !c_.seg->rank_alive(op->peer))) {
       channel(c_.rank, op->peer).send.released.store(op->msg + 1, std::memory_order_seq_cst);
+      // Before the caller's writes to the buffer (a store-release alone
+      // does not order later stores on weakly ordered CPUs).
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       finish(op, op->failing);
     }
   if (auto a = read_abort(c_.seg->header())) {
