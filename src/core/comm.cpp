@@ -401,6 +401,7 @@ void Communicator::Impl::end() {
       s.wait_ns.store(s.wait_ns.load(std::memory_order_relaxed) + call_wait_ns,
                       std::memory_order_relaxed);
     }
+    if (trace) trace_call(now, false);
     if (rec_n != 0) {
       detail::recorder_end_call(rec_entry(collectives), detail::kCallCompleted, now, step);
       rec_head->calls.store(rec_head->calls.load(std::memory_order_relaxed) + 1,
@@ -415,7 +416,24 @@ void Communicator::Impl::end() {
   step = -1;
 }
 
+void Communicator::Impl::trace_call(std::uint64_t end_ns, bool failed) {
+  detail::TraceSpan s;
+  s.desc = *current;
+  s.seq = collectives;
+  s.bytes = current_bytes;
+  s.queued_ns = call_queued_ns;
+  s.start_ns = call_start_ns;
+  s.end_ns = end_ns;
+  s.wait_ns = call_wait_ns;
+  s.failed = failed;
+  trace->add(s);
+}
+
 void Communicator::Impl::record_failure() {
+  if (trace && current && call_start_ns != 0) {
+    trace_call(detail::mono_ns(), true);
+    call_start_ns = 0;  // one span per call, however many failure paths see it
+  }
   if (rec_n == 0 || !current) return;
   auto& e = rec_entry(collectives);
   if (e.seq.load(std::memory_order_relaxed) != collectives + 1 ||
