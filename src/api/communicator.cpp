@@ -127,6 +127,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   if (!crowding.empty()) req.oversubscribed = 1;
   c.seg = detail::Segment::create_or_attach(req);
   c.init_recorder();
+  (void)c.call_clock.now();  // the cycle counter's rate: measured now, not in a call
+  c.trace = detail::TraceLog::open(cfg.job_id, cfg.rank, cfg.world_size);
   cfg.slots = c.seg->slots();
   cfg.slot_bytes = c.seg->slot_bytes();
   cfg.direct_bytes = c.seg->direct_bytes();

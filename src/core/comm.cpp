@@ -260,7 +260,7 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
-  call_start_ns = detail::mono_ns();
+  call_start_ns = call_clock.now();
   call_wait_ns = 0;
   if (rec_n != 0)
     detail::recorder_write_call(rec_entry(collectives), collectives, d, current_bytes,
@@ -389,7 +389,7 @@ void Communicator::Impl::end() {
   if (size > 1) publish(my_area().done, collectives + 1);
   if (current) {
     // After `done`: the peers need not wait for the bookkeeping.
-    const std::uint64_t now = detail::mono_ns();
+    const std::uint64_t now = call_clock.now();
     const auto k = static_cast<std::size_t>(current->kind);
     if (k < kind_stats.size()) {
       auto& s = kind_stats[k];
@@ -401,6 +401,7 @@ void Communicator::Impl::end() {
       s.wait_ns.store(s.wait_ns.load(std::memory_order_relaxed) + call_wait_ns,
                       std::memory_order_relaxed);
     }
+    if (trace) trace_call(now, false);
     if (rec_n != 0) {
       detail::recorder_end_call(rec_entry(collectives), detail::kCallCompleted, now, step);
       rec_head->calls.store(rec_head->calls.load(std::memory_order_relaxed) + 1,
@@ -415,13 +416,30 @@ void Communicator::Impl::end() {
   step = -1;
 }
 
+void Communicator::Impl::trace_call(std::uint64_t end_ns, bool failed) {
+  detail::TraceSpan s;
+  s.desc = *current;
+  s.seq = collectives;
+  s.bytes = current_bytes;
+  s.queued_ns = call_queued_ns;
+  s.start_ns = call_start_ns;
+  s.end_ns = end_ns;
+  s.wait_ns = call_wait_ns;
+  s.failed = failed;
+  trace->add(s);
+}
+
 void Communicator::Impl::record_failure() {
+  if (trace && current && call_start_ns != 0) {
+    trace_call(call_clock.now(), true);
+    call_start_ns = 0;  // one span per call, however many failure paths see it
+  }
   if (rec_n == 0 || !current) return;
   auto& e = rec_entry(collectives);
   if (e.seq.load(std::memory_order_relaxed) != collectives + 1 ||
       e.state.load(std::memory_order_relaxed) != detail::kCallStarted)
     return;
-  detail::recorder_end_call(e, detail::kCallFailed, detail::mono_ns(), step);
+  detail::recorder_end_call(e, detail::kCallFailed, call_clock.now(), step);
 }
 
 void Communicator::Impl::init_recorder() {

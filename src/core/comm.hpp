@@ -18,6 +18,7 @@
 #include "base/placement.hpp"
 #include "core/ops.hpp"
 #include "core/recorder.hpp"
+#include "core/trace.hpp"
 #include "shmring/communicator.hpp"
 #include "transport/layout.hpp"
 #include "transport/segment.hpp"
@@ -166,8 +167,17 @@ struct Communicator::Impl {
     std::atomic<std::uint64_t> calls{0}, bytes{0}, time_ns{0}, wait_ns{0};
   };
   std::array<KindStats, 13> kind_stats;  // index: CollectiveKind value (1..12)
-  std::uint64_t call_start_ns = 0;       // when the running call began
-  std::uint64_t call_wait_ns = 0;        // its blocked waits so far
+  // Start and end of each call: the cycle counter on CLOCK_MONOTONIC's
+  // timeline (base/clock.hpp), cheaper than two clock_gettime per call.
+  detail::FastClock call_clock;
+  std::uint64_t call_start_ns = 0;   // when the running call began
+  std::uint64_t call_wait_ns = 0;    // its blocked waits so far
+  std::uint64_t call_queued_ns = 0;  // when it was queued (Op::queued_ns)
+  // SHMRING_TRACE (core/trace.hpp, docs/guide/tracing.md): this
+  // communicator's spans; null when unset.
+  std::unique_ptr<detail::TraceLog> trace;
+  /// Adds the call in flight to `trace`, ended at `end_ns`.
+  void trace_call(std::uint64_t end_ns, bool failed);
   // First error seen (the communicator refuses work afterwards).
   std::optional<std::string> broken;
 

@@ -4,23 +4,18 @@
 // its last R calls in its own part of the segment's recorder region
 // (transport/layout.hpp RecorderEntry), written with relaxed stores inside a
 // seqlock, so that its peers (error messages), a dump and `shmrun --status`
-// can read them at any time. Times are CLOCK_MONOTONIC (std::chrono::
-// steady_clock on Linux) in ns, comparable across the processes of a host.
+// can read them at any time. Times are CLOCK_MONOTONIC ns (base/clock.hpp;
+// a call's start and end through FastClock, within about a microsecond),
+// comparable across the processes of a host.
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 
+#include "base/clock.hpp"
 #include "core/ops.hpp"
 #include "transport/layout.hpp"
 
 namespace shmring::detail {
-
-inline std::uint64_t mono_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
 
 /// Opens a seqlock section on `e` (version odd) and returns its version.
 inline std::uint64_t recorder_open(RecorderEntry& e) {

@@ -31,6 +31,7 @@ void Communicator::Impl::run(const Op& o) {
     return;
   }
   current_bytes = o.bytes;
+  call_queued_ns = o.queued_ns;
   begin(d);
   const bool direct = d.algorithm == Algorithm::direct;
   // World size 1: the result is the input; in-place calls have nothing to do.
@@ -269,6 +270,7 @@ void Engine::execute(const Op& op) {
   auto state = new_state();
   record_queued(op);
   queue_.push_back({op, state});
+  if (c_.trace) queue_.back().op.queued_ns = detail::mono_ns();
   pending_.store(queue_.size(), std::memory_order_release);
   lock.unlock();
   cv_.notify_all();
@@ -296,6 +298,7 @@ void Engine::enqueue(Item item) {
   {
     std::lock_guard lock(mutex_);
     record_queued(item.op);
+    if (c_.trace) item.op.queued_ns = detail::mono_ns();
     queue_.push_back(std::move(item));
     pending_.store(queue_.size(), std::memory_order_release);
   }
