@@ -53,7 +53,7 @@ c10::intrusive_ptr<BackendBase> make_gloo(const c10::intrusive_ptr<::c10d::Store
 }  // namespace
 
 WorkTask::WorkTask(int rank, ::c10d::OpType type, const char* title, std::vector<at::Tensor> result)
-    : Work(rank, type, title),
+    : Work(rank, type, title, result),  // torch.profiler shapes (work.cpp)
       title_(title),
       result_(std::move(result)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}

@@ -11,7 +11,9 @@ namespace shmring::torch_backend {
 
 WorkShmring::WorkShmring(int rank, ::c10d::OpType type, const char* profiling_title,
                          std::vector<at::Tensor> result)
-    : Work(rank, type, profiling_title),
+    // The result tensors go to torch.profiler as the event's inputs: its
+    // shapes and datatypes, as ProcessGroupGloo's events show theirs.
+    : Work(rank, type, profiling_title, result),
       title_(profiling_title),
       result_(std::move(result)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}

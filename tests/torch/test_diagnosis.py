@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HERE, shm_entries
+from conftest import HERE, assert_all_ok, run_job, shm_entries
 
 
 @pytest.mark.skipif("SHMRUN" not in os.environ, reason="SHMRUN (the built launcher) not set")
@@ -68,3 +68,17 @@ def test_torchrun_rank_2_stalls_before_its_1001st_all_reduce(tmp):
             else:
                 assert (last["seq"], last["state"]) == (1000, "started"), jr["calls"][-2:]
     assert shm_entries([job]) == []
+
+
+def test_torch_profiler_shows_each_collective_with_its_shapes(tmp):
+    """With torch.profiler active, each call of the backend is an event
+    "shmring:<op>" with the shapes of its tensors, as ProcessGroupGloo's
+    "gloo:<op>" are."""
+    results = run_job("profiler", 2, tmp, worker=HERE / "profiler_worker.py")
+    assert_all_ok(results)
+    for _, out in results:
+        events = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("EVENT ")]
+        by_name = {e["name"]: e["shapes"] for e in events}
+        assert by_name.get("shmring:all_reduce") == [[4, 8]], out
+        assert by_name.get("shmring:broadcast") == [[3]], out
+        assert by_name.get("shmring:all_gather") == [[2, 5], [2, 5]], out
