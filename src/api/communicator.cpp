@@ -226,7 +226,7 @@ using namespace front;
 void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
-  publish_rejected();
+  publish_rejected(e.what());
   throw e;
 }
 

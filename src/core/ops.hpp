@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shmring/types.hpp"
@@ -70,6 +71,7 @@ struct Op {
   void* recv = nullptr;   ///< broadcast: the buffer
   std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
   std::shared_ptr<const VectorArgs> v = nullptr;  ///< alltoallv, allgatherv, reduce_scatter_v
+  std::shared_ptr<const std::string> refusal = nullptr;  ///< kind invalid: this rank's error
 };
 
 }  // namespace shmring
