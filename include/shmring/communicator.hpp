@@ -388,8 +388,9 @@ class SHMRING_API Communicator {
   /// place, at the same point of the call order, and the refusal reaches
   /// the peers like the core's own argument errors. It counts as this rank's
   /// call of the collective: the peers' matching call (blocking or not)
-  /// fails at once with MismatchError naming this rank ("rank R made an
-  /// invalid call"); the reason itself stays with this rank. Keeps the
+  /// fails at once with MismatchError naming this rank and the reason ("rank
+  /// R made an invalid call (it refused its arguments: rank R: <collective>:
+  /// <reason>)", the reason cut to 383 bytes). Keeps the
   /// non-blocking call order: with requests pending, the refusal is queued
   /// behind them (this call still throws at once). When every rank refuses
   /// the same call, nobody waits and the communicator stays usable;

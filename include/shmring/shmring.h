@@ -237,8 +237,8 @@ SHMRING_C_API shmring_result_t shmring_comm_split(shmring_comm_t comm, int color
  * calling it: call this in its place, at the same point of the call order.
  * It counts as this rank's call of the collective (queued behind pending
  * requests): the peers' matching call fails at once with
- * SHMRING_ERR_MISMATCH naming this rank instead of waiting until the
- * timeout. Returns SHMRING_ERR_INVALID_ARGUMENT with the message
+ * SHMRING_ERR_MISMATCH naming this rank and `reason` instead of waiting
+ * until the timeout. Returns SHMRING_ERR_INVALID_ARGUMENT with the message
  * "rank R: <collective>: <reason>" (shmring_get_last_error), or
  * SHMRING_ERR_ABORTED on a broken communicator. When every rank refuses the
  * same call the communicator stays usable. Not for send/recv. */

@@ -169,8 +169,8 @@ MismatchError on every rank. After any error the communicator is broken and
 every later call raises AbortedError. One thread at a time per Communicator.
 A collective refused by one rank's argument checks (a buffer of the wrong
 dtype, size or layout) raises InvalidArgumentError there and, at once,
-MismatchError naming that rank on the others, never a wait until the
-timeout; refused alike on every rank, the communicator stays usable.
+MismatchError naming that rank and its reason on the others, never a wait
+until the timeout; refused alike on every rank, the communicator stays usable.
 )doc")
       .def(py::init([](std::optional<int> rank, std::optional<int> size,
                        std::optional<std::string> job_id, std::optional<int> local_rank,

@@ -78,7 +78,9 @@ void Communicator::Impl::settings(const Options& options) {
 
 Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl>()) {
   Impl& c = *impl_;
-  c.config = detail::resolve_identity(options);
+  // A bad local rank or size is told to the peers below, as a bad setting.
+  std::string identity_error;
+  c.config = detail::resolve_identity(options, &identity_error);
   Config& cfg = c.config;
   const std::uint64_t host = detail::host_hash();
   cfg.segment_name = detail::segment_name(cfg.job_id, host);
@@ -89,6 +91,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   req.host_hash = host;
   req.job_id = cfg.job_id;
   try {
+    if (!identity_error.empty()) throw InvalidArgumentError(identity_error);
     c.settings(options);
   } catch (const InvalidArgumentError& e) {
     // A setting only this rank has wrong: its peers would wait for it until
@@ -228,7 +231,7 @@ using namespace front;
 void Communicator::Impl::reject_call(const InvalidArgumentError& e) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
-  publish_rejected();
+  publish_rejected(e.what());
   throw e;
 }
 

@@ -273,7 +273,7 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request) {
 }
 
 namespace {
-void resolve_identity_impl(const Options& o, Config& c);
+void resolve_identity_impl(const Options& o, Config& c, std::string* deferred);
 void resolve_settings_impl(const Options& o, Config& c);
 
 // Every message starts with the rank that raises it; before the rank is
@@ -291,10 +291,12 @@ void with_rank_prefix(const Config& c, F&& f) {
 }
 }  // namespace
 
-Config resolve_identity(const Options& o) {
+Config resolve_identity(const Options& o, std::string* deferred) {
   Config c;
   c.rank = -1;
-  with_rank_prefix(c, [&] { resolve_identity_impl(o, c); });
+  with_rank_prefix(c, [&] { resolve_identity_impl(o, c, deferred); });
+  if (deferred != nullptr && !deferred->empty() && deferred->rfind("rank ", 0) != 0)
+    *deferred = fmt::format("rank {}: {}", c.rank, *deferred);
   return c;
 }
 
@@ -309,7 +311,7 @@ Config resolve_config(const Options& o) {
 }
 
 namespace {
-void resolve_identity_impl(const Options& o, Config& c) {
+void resolve_identity_impl(const Options& o, Config& c, std::string* deferred) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
   if (o.rank >= 0 || o.world_size >= 0) {
@@ -359,18 +361,27 @@ void resolve_identity_impl(const Options& o, Config& c) {
       const RankEnv& l = *use.env;
       c.rank = static_cast<int>(use.rank);
       c.world_size = static_cast<int>(use.size);
-      // The local size first: it bounds the local rank.
-      const auto local_size =
-          l.local_size ? env_int(l.local_size, 1, use.size,
-                                 fmt::format("at most {}={}, the ranks in all", l.size, use.size))
-                       : std::nullopt;
-      c.local_world_size = static_cast<int>(local_size.value_or(use.size));
-      c.local_rank = static_cast<int>(
-          env_int(l.local_rank, 0, c.local_world_size - 1,
-                  local_size ? fmt::format("below {}={}", l.local_size, *local_size)
-                             : fmt::format("below {}={}", l.size, use.size))
-              .value_or(use.rank));
       launcher = l.launcher;
+      // The local size first: it bounds the local rank. Rank and world size
+      // are known by now: a bad local value can be deferred, so that the
+      // constructor tells the peers (the job id below is still needed).
+      try {
+        const auto local_size =
+            l.local_size ? env_int(l.local_size, 1, use.size,
+                                   fmt::format("at most {}={}, the ranks in all", l.size, use.size))
+                         : std::nullopt;
+        c.local_world_size = static_cast<int>(local_size.value_or(use.size));
+        c.local_rank = static_cast<int>(
+            env_int(l.local_rank, 0, c.local_world_size - 1,
+                    local_size ? fmt::format("below {}={}", l.local_size, *local_size)
+                               : fmt::format("below {}={}", l.size, use.size))
+                .value_or(use.rank));
+      } catch (const InvalidArgumentError& e) {
+        if (deferred == nullptr) throw;
+        *deferred = e.what();
+        c.local_world_size = static_cast<int>(use.size);
+        c.local_rank = static_cast<int>(use.rank);
+      }
     }
     if (found.empty())
       throw InvalidArgumentError(

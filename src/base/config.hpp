@@ -35,7 +35,11 @@ Config resolve_config(const Options& options);
 /// resolve_config in two steps: who this rank is (rank, world size, local
 /// rank and size, job id), then the settings. A rank whose identity is
 /// known can tell its peers why its settings failed (Segment's refusal).
-Config resolve_identity(const Options& options);
+/// With `deferred`, a bad local rank or local world size in the launcher's
+/// variables (rank, world size and job id being fine) does not throw: its
+/// message ("rank R: ...") goes there, for the caller to tell the peers and
+/// raise; the returned local rank and size are then the global ones.
+Config resolve_identity(const Options& options, std::string* deferred = nullptr);
 void resolve_settings(const Options& options, Config& c);
 
 /// CPUs in this process's affinity mask (the online count if unreadable).

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "base/log.hpp"
@@ -347,10 +348,7 @@ void Communicator::Impl::check_descriptor(int peer) {
        desc.vhash.load(std::memory_order_relaxed) == mine.vhash))
     return;
   if (!torn && seq == collectives + 1 && theirs.kind == CollectiveKind::invalid) {
-    fail(MismatchError(fmt::format(
-        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
-        "(it refused its arguments; its own error says why)",
-        rank, collectives, describe(mine), peer)));
+    fail(MismatchError(invalid_call_message(peer, collectives, mine)));
   }
   // The vector collectives whose recv_counts every rank must pass alike
   // hash them into the descriptor (staged.cpp compares them itself, and
@@ -470,13 +468,45 @@ void Communicator::Impl::fail(const Error& e) {
   throw_error(e.code(), e.what(), e.sys_errno());
 }
 
-void Communicator::Impl::publish_rejected() {
+std::string Communicator::Impl::invalid_call_message(int peer, std::uint64_t coll,
+                                                     const CollectiveDesc& mine) {
+  // The refusal's seqlock (layout.hpp, Refusal): a text read between two
+  // equal loads of seq = coll + 1 is the reason of this very call.
+  const detail::Refusal& r = area(peer).refusal;
+  std::array<std::uint64_t, detail::kRefusalWords> words{};
+  std::string reason;
+  if (r.seq.load(std::memory_order_acquire) == coll + 1) {
+    for (std::size_t i = 0; i < words.size(); ++i)
+      words[i] = r.text[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (r.seq.load(std::memory_order_relaxed) == coll + 1) {
+      const char* text = reinterpret_cast<const char*>(words.data());
+      reason.assign(text, strnlen(text, sizeof(words)));
+    }
+  }
+  // "rank P made an invalid call" are the words rethrow_abort looks for.
+  return fmt::format(
+      "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
+      "(it refused its arguments{})",
+      rank, coll, describe(mine), peer,
+      reason.empty() ? std::string("; its own error says why") : ": " + reason);
+}
+
+void Communicator::Impl::publish_rejected(const std::string& reason) {
   if (broken) return;  // the peers hear of the first error instead
   // Peers that called this collective correctly must not wait for us: our
-  // descriptor says "invalid call", which they report as a mismatch. When
-  // every rank rejects the same call, nobody waits and the communicator
-  // stays usable.
+  // descriptor says "invalid call", which they report as a mismatch naming
+  // this rank and `reason`. When every rank rejects the same call, nobody
+  // waits and the communicator stays usable.
   if (size > 1) {
+    detail::Refusal& r = my_area().refusal;
+    std::array<std::uint64_t, detail::kRefusalWords> words{};
+    std::memcpy(words.data(), reason.data(), std::min(reason.size(), sizeof(words) - 1));
+    r.seq.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < words.size(); ++i)
+      r.text[i].store(words[i], std::memory_order_relaxed);
+    r.seq.store(collectives + 1, std::memory_order_release);
     auto& desc = my_area().desc[collectives % detail::kDescRing];
     desc.kind.store(static_cast<std::uint32_t>(CollectiveKind::invalid), std::memory_order_relaxed);
     desc.seq.store(collectives + 1, std::memory_order_release);

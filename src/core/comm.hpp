@@ -275,9 +275,13 @@ struct Communicator::Impl {
   /// A call whose arguments were refused: tells the peers in call order
   /// (inline, or as a queued marker), then throws `e` on this thread.
   [[noreturn]] void reject(const InvalidArgumentError& e);
-  /// Publishes an "invalid call" descriptor for collective #collectives and
+  /// Publishes an "invalid call" descriptor for collective #collectives,
+  /// with `reason` (this rank's own error) in its RankArea::refusal, and
   /// ends it (nothing when the communicator is broken).
-  void publish_rejected();
+  void publish_rejected(const std::string& reason);
+  /// The mismatch a peer reports when `peer` published "invalid call" for
+  /// collective `coll`: names `peer` and, when it could be read, its reason.
+  std::string invalid_call_message(int peer, std::uint64_t coll, const CollectiveDesc& mine);
   /// Collectives completed (mirror of `collectives` readable from any thread).
   std::atomic<std::uint64_t> completed{0};
   /// SHMRING_PROGRESS_CPU: the CPU the progress thread is pinned to, or -1.

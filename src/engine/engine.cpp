@@ -27,7 +27,7 @@ namespace shmring {
 void Communicator::Impl::run(const Op& o) {
   const CollectiveDesc& d = o.desc;
   if (d.kind == CollectiveKind::invalid) {
-    publish_rejected();
+    publish_rejected(o.refusal ? *o.refusal : std::string());
     return;
   }
   current_bytes = o.bytes;
@@ -317,6 +317,7 @@ void Engine::reject(const InvalidArgumentError& e) {
   // of its mistake now.
   Op marker;
   marker.desc = {CollectiveKind::invalid, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::ring};
+  marker.refusal = std::make_shared<const std::string>(e.what());
   queue_.push_back({marker, nullptr});
   pending_.store(queue_.size(), std::memory_order_release);
   lock.unlock();

@@ -32,7 +32,7 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    16;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    17;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
@@ -41,7 +41,7 @@ inline constexpr std::uint32_t kLayoutVersion =
          // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
          // 14: p2p withdrawn / taking words, refused verdicts;
          // 15: flight recorders (Header::recorder_entries);
-         // 16: p2p released word
+         // 16: p2p released word; 17: RankArea::refusal
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -201,6 +201,18 @@ inline constexpr std::uint64_t eager_region_bytes(std::uint64_t n) {
   return n * kEagerEntries * eager_lines_per_entry(n) * sizeof(EagerLine);
 }
 
+/// Why a rank refused its own arguments in collective c (its "invalid call"
+/// descriptor), so that the peers' error says what was wrong, not only who.
+/// A seqlock keyed by the collective: the rank stores seq = 0, the text (NUL
+/// terminated, cut to fit), then seq = c + 1 (release), all before the
+/// descriptor; a reader that finds seq = c + 1 before and after copying the
+/// text has this call's reason. Only the rank itself writes it.
+inline constexpr std::size_t kRefusalWords = 48;  // 384 bytes of text
+struct alignas(kLine) Refusal {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> text[kRefusalWords];
+};
+
 struct RankArea {
   Counter produced;   // slices this rank has published into its own slots
   Counter consumed;   // slices of its left neighbour it has finished reading
@@ -211,6 +223,7 @@ struct RankArea {
   Counter taken;      // staged: rounds this rank has finished reading from its writers
   LowLatencyLine low_latency[2];
   RankInfo info;
+  Refusal refusal;
   Descriptor desc[kDescRing];
 };
 inline constexpr std::size_t kRankAreaBytes = sizeof(RankArea);
@@ -450,6 +463,7 @@ inline std::optional<Layout> compute_layout(std::uint64_t world_size, std::uint6
 SHMRING_CHECK_SHARED(Counter);
 SHMRING_CHECK_SHARED(Descriptor);
 SHMRING_CHECK_SHARED(RankInfo);
+SHMRING_CHECK_SHARED(Refusal);
 SHMRING_CHECK_SHARED(LowLatencyLine);
 SHMRING_CHECK_SHARED(EagerLine);
 SHMRING_CHECK_SHARED(RankArea);

@@ -4,7 +4,8 @@
 // each collective that makes it, and the test checks that every rank fails:
 //   - refused on one rank (rank 1), blocking and non-blocking: rank 1 gets
 //     InvalidArgumentError naming the value, the others MismatchError "rank 1
-//     made an invalid call", all within seconds (never SHMRING_TIMEOUT); the
+//     made an invalid call" with rank 1's own message, all within seconds
+//     (never SHMRING_TIMEOUT); the
 //     communicator is then broken on every rank (AbortedError);
 //   - refused on every rank alike: InvalidArgumentError everywhere, and the
 //     communicator stays usable.
@@ -592,15 +593,16 @@ std::vector<int> run_one_rank_refusals(int size, bool nonblocking) {
       o.timeout_s = kTimeoutS;
       o.threads = 1;
       Communicator c(o);
+      // The peers hear who refused and why (its own message, "rank 1: ...").
+      const std::string told = "rank 1 made an invalid call (it refused its arguments: rank 1: ";
       std::string why;
       if (r == kBad)
         why = expect<InvalidArgumentError>([&] { k.call(c, true, nonblocking); }, k.words,
                                            "rank 1: ");
       else
-        why = expect<MismatchError>([&] { k.call(c, false, nonblocking); },
-                                    "rank 1 made an invalid call");
+        why = expect<MismatchError>([&] { k.call(c, false, nonblocking); }, told);
       if (k.eager && r != kBad && why.rfind("no error", 0) == 0)
-        why = expect<MismatchError>([&] { c.barrier(); }, "rank 1 made an invalid call");
+        why = expect<MismatchError>([&] { c.barrier(); }, told);
       if (why.empty()) {
         // After an eager gather the peers find the refusal only in their
         // next call, which the refusing root may have finished meanwhile.

@@ -365,6 +365,59 @@ TEST_CASE("another user's segment of our name is neither opened nor removed") {
   fs::remove(path);
 }
 
+// The same for a bad local rank or local world size in the launcher's
+// variables (rank, world size and job id from the environment, as shmrun
+// and torchrun give them): the rank knows who it is, so it tells its peers.
+TEST_CASE("a bad local rank or size on one rank fails every rank at once, naming both") {
+  struct Bad {
+    const char* var;
+    const char* value;
+  };
+  const Bad bads[] = {{"SHMRING_LOCAL_RANK", "banana"}, {"SHMRING_LOCAL_WORLD_SIZE", "0"}};
+  for (int n : {2, 3}) {
+    for (const Bad& bad : bads) {
+      for (int bad_rank : {0, n - 1}) {
+        CAPTURE(n);
+        const std::string var = bad.var;
+        CAPTURE(var);
+        CAPTURE(bad_rank);
+        const std::string job = test::unique_job_id("badlocal");
+        auto st = test::run_processes(
+            n,
+            [&](int r) {
+              setenv("SHMRING_TIMEOUT", "30", 1);
+              setenv("SHMRING_RANK", std::to_string(r).c_str(), 1);
+              setenv("SHMRING_WORLD_SIZE", std::to_string(n).c_str(), 1);
+              setenv("SHMRING_JOB_ID", job.c_str(), 1);
+              setenv("SHMRING_LOCAL_RANK", std::to_string(r).c_str(), 1);
+              setenv("SHMRING_LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+              if (r == bad_rank) setenv(bad.var, bad.value, 1);
+              const auto t0 = std::chrono::steady_clock::now();
+              try {
+                Communicator comm;
+                SHMRING_CHILD_CHECK(false, "rank %d: started although rank %d has %s=%s", r,
+                                    bad_rank, bad.var, bad.value);
+              } catch (const InvalidArgumentError& e) {
+                const std::string who = "rank " + std::to_string(bad_rank) + ": ";
+                SHMRING_CHILD_CHECK(contains(e.what(), who) && contains(e.what(), bad.var) &&
+                                        contains(e.what(), bad.value),
+                                    "rank %d: the message names not all of '%s', %s, %s: %s", r,
+                                    who.c_str(), bad.var, bad.value, e.what());
+              } catch (const Error& e) {
+                SHMRING_CHILD_CHECK(false, "rank %d: after %.1f s, not InvalidArgumentError: %s", r,
+                                    since_s(t0), e.what());
+              }
+              SHMRING_CHILD_CHECK(since_s(t0) < 10, "rank %d: failed only after %.1f s", r,
+                                  since_s(t0));
+            },
+            60);
+        CHECK(test::all_zero(st));
+        CHECK(!fs::exists(shm_path(job)));
+      }
+    }
+  }
+}
+
 // A bad setting on one rank only: that rank cannot start, and its peers,
 // who would wait for it until SHMRING_TIMEOUT (30 s here), fail within
 // seconds with an error naming the rank and the variable (README, "Errors").
@@ -376,9 +429,10 @@ TEST_CASE("a bad setting on one rank fails every rank at once, naming the rank a
     const char* var;
     const char* value;
   };
-  // An integer, a size (read outside the settings parser), an enum, a
-  // number (the deadline itself).
+  // An integer out of range and one that is no number, a size (read
+  // outside the settings parser), an enum, a number (the deadline itself).
   const Bad bads[] = {{"SHMRING_SLOTS", "1"},
+                      {"SHMRING_SLOTS", "banana"},
                       {"SHMRING_CMA_MIN_BYTES", "-5"},
                       {"SHMRING_NT_STORES", "maybe"},
                       {"SHMRING_TIMEOUT", "soon"}};

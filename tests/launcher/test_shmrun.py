@@ -313,6 +313,34 @@ def test_tag_output_reader_gone():
                       in text, "the loss must be said on stderr", text[-2000:])
 
 
+def test_tag_output_lost_after_exit():
+    """Workers that have written all their output and exited 0 before the
+    relay finds its reader gone: no worker dies of SIGPIPE, so only the
+    launcher can tell of the loss, and it must (exit 141, as the plain run's
+    workers would), for one rank (deterministic: its only write lands in the
+    pipe) and for two."""
+    for n in (1, 2):
+        for tag in (False, True):
+            fd = closed_pipe()
+            try:
+                jid = job_id()
+                with tempfile.TemporaryFile(mode="w+") as err:
+                    cmd = [SHMRUN, *(["--tag-output"] if tag else []), "--job-id", jid, "-n",
+                           str(n), "--", "/bin/sh", "-c", "echo one line"]
+                    p = subprocess.run(cmd, stdout=fd, stderr=err, timeout=30,
+                                       env=clean_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+                    err.seek(0)
+                    text = err.read()
+            finally:
+                os.close(fd)
+            check(p.returncode == 128 + signal.SIGPIPE,
+                  f"n={n} tag={tag}: exit status {p.returncode}, expected 141", text[-2000:])
+            if tag:
+                check("--tag-output: writing the ranks' output to stdout failed (Broken pipe)"
+                      in text, "the loss must be said on stderr", text[-2000:])
+            check(not shm_entries(jid), f"segments left in /dev/shm: {shm_entries(jid)}", text)
+
+
 def test_tag_output_write_error():
     """Relayed output that cannot be written for another reason (stdout on a
     full disk, /dev/full; stdout closed, `>&-`): exit status 1 with the cause

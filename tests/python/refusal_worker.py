@@ -238,6 +238,53 @@ def scenario_one_rank(rank, size, job_id, timeout, only):
             run_case(comm, name, *case)
 
 
+# Far below WORKER_TIMEOUT: a peer's error must arrive at once, not after a wait.
+PEER_FAST_S = 3.0
+
+
+def scenario_told_why(rank, size, job_id, timeout, only):
+    """Rank 1 passes an output of the wrong shape; each peer's MismatchError
+    arrives within PEER_FAST_S and names rank 1 and what was wrong with its
+    call (the refusing rank's own words), not only that it refused."""
+    n = 8
+    calls = {
+        # out has 2 x n elements instead of n: send is not size() x out.
+        "reduce_scatter_out": (
+            lambda c: c.reduce_scatter(values(c.rank, size * n), np.empty((2, n), np.float32)),
+            lambda c: c.reduce_scatter(values(c.rank, size * n), np.empty(n, np.float32)),
+            [f"send holds {size * n} elements, expected size() x out = {size} x {2 * n}"]),
+        # out has one row too few.
+        "allgather_out": (
+            lambda c: c.allgather(values(c.rank, n), np.empty((size - 1, n), np.float32)),
+            lambda c: c.allgather(values(c.rank, n), np.empty((size, n), np.float32)),
+            [f"out holds {(size - 1) * n} elements, expected size() x send"]),
+        "async_allgather_out": (
+            lambda c: c.allgather(values(c.rank, n), np.empty(size * n + 1, np.float32),
+                                  async_op=True),
+            lambda c: c.allgather(values(c.rank, n), np.empty(size * n, np.float32),
+                                  async_op=True).wait(),
+            [f"out holds {size * n + 1} elements"]),
+        "allreduce_out_dtype": (
+            lambda c: c.allreduce(values(c.rank, n), out=np.empty(n, np.float64)),
+            lambda c: c.allreduce(values(c.rank, n), out=np.empty(n, np.float32)),
+            ["float32", "float64"]),
+    }
+    for name, (bad, good, words) in calls.items():
+        if only and name not in only:
+            continue
+        with shmring.Communicator(rank=rank, size=size, job_id=f"{job_id}-{name}",
+                                  timeout=timeout) as comm:
+            if rank == BAD_RANK:
+                e = expect(lambda: bad(comm), shmring.InvalidArgumentError, ["rank 1"] + words)
+            else:
+                t0 = time.monotonic()
+                e = expect(lambda: good(comm), shmring.MismatchError,
+                           [f"rank {BAD_RANK} made an invalid call"] + words)
+                elapsed = time.monotonic() - t0
+                check(elapsed < PEER_FAST_S, f"{name}: the peer's error took {elapsed:.2f} s: {e}")
+            print(f"{name} ok: {e}", flush=True)
+
+
 def scenario_queued(rank, size, job_id, timeout, only):
     """A refusal while requests are pending keeps the call order: the pending
     ones complete with the right values on every rank, the refused call

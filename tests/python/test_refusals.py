@@ -29,3 +29,16 @@ def test_refusal_behind_pending_requests_keeps_call_order():
 
 def test_refused_on_every_rank_keeps_the_communicator_usable():
     assert_all_ok(run_ranks("every_rank", 3, env=ENV, worker="refusal_worker.py"))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_peers_error_names_the_rank_and_the_problem(size):
+    """A wrong output shape on rank 1 (reduce_scatter, allgather, allreduce's
+    out): the peers' MismatchError comes within seconds although the timeout
+    is 60 s, and carries rank 1's own reason."""
+    results = run_ranks("told_why", size, env=ENV, worker="refusal_worker.py")
+    assert_all_ok(results)
+    for _, out in results:
+        for name in ("reduce_scatter_out", "allgather_out", "async_allgather_out",
+                     "allreduce_out_dtype"):
+            assert f"{name} ok" in out, name

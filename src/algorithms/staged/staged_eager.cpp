@@ -396,10 +396,7 @@ void check_eager_gather(Communicator::Impl& c) {
   const PeerCall theirs = read_peer_call(c, root, coll);
   if (same_eager_call(theirs, mine)) return;
   if (theirs.is_coll && theirs.desc.kind == CollectiveKind::invalid)
-    c.fail(MismatchError(fmt::format(  // the words check_descriptor uses
-        "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid call "
-        "(it refused its arguments; its own error says why)",
-        c.rank, coll, c.describe(mine), root)));
+    c.fail(MismatchError(c.invalid_call_message(root, coll, mine)));
   c.fail(MismatchError(fmt::format(
       "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a non-root "
       "gather rank does not wait for the root) but its root rank {} called {}; every rank must "
@@ -454,10 +451,7 @@ void confirm_eager_ring(Communicator::Impl& c, std::uint64_t must, std::uint64_t
           theirs->algorithm == mine.algorithm)
         continue;
       if (theirs && theirs->kind == CollectiveKind::invalid)
-        c.fail(MismatchError(fmt::format(  // the words check_descriptor uses
-            "rank {}: collective mismatch: collective #{} {} cannot run: rank {} made an invalid "
-            "call (it refused its arguments; its own error says why)",
-            c.rank, coll, c.describe(mine), q)));
+        c.fail(MismatchError(c.invalid_call_message(q, coll, mine)));
       const std::string their_call =
           theirs ? fmt::format("collective #{} {}", coll, c.describe(*theirs))
                  : std::string("a different collective");
