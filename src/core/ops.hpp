@@ -71,11 +71,8 @@ struct Op {
   void* recv = nullptr;   ///< broadcast: the buffer
   std::size_t bytes = 0;  ///< bytes of this rank's result (the world-size-1 copy)
   std::shared_ptr<const VectorArgs> v = nullptr;  ///< alltoallv, allgatherv, reduce_scatter_v
-<<<<<<< HEAD
   std::uint64_t queued_ns = 0;  ///< when the engine queued it (SHMRING_TRACE); 0: not queued
-=======
   std::shared_ptr<const std::string> refusal = nullptr;  ///< kind invalid: this rank's error
->>>>>>> h/small
 };
 
 }  // namespace shmring
