@@ -203,9 +203,12 @@ CrowdedMark::~CrowdedMark() {
   g_crowded_communicators.fetch_sub(1, std::memory_order_relaxed);
 }
 
+bool crowded_communicator_alive() noexcept {
+  return g_crowded_communicators.load(std::memory_order_relaxed) > 0;
+}
+
 std::string job_crowding_hint() {
-  if (g_crowded_communicators.load(std::memory_order_relaxed) > 0)
-    return "another communicator of this process is oversubscribed";
+  if (crowded_communicator_alive()) return "another communicator of this process is oversubscribed";
   // The innermost launcher's count of its ranks on this machine (the set
   // resolve_config would use). Every rank's mask lies within the online
   // CPUs, so more ranks than those is crowding whatever the binding; a bad

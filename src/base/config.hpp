@@ -64,6 +64,11 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1)
 /// (Segment::oversubscribed_request).
 std::string job_crowding_hint();
 
+/// True while any communicator of this process is oversubscribed (holds a
+/// CrowdedMark). One relaxed load: communicators made before the crowded
+/// one read it on every wait (Communicator::Impl::crowded_by_job).
+bool crowded_communicator_alive() noexcept;
+
 /// Held by each communicator of this process that is oversubscribed, for
 /// its lifetime: job_crowding_hint() says so while any is held.
 class CrowdedMark {
