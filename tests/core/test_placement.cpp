@@ -216,7 +216,8 @@ TEST_CASE("a communicator made before an oversubscribed one stops spinning while
   CHECK(all_zero(st));
 }
 
-// The launcher's count of ranks on this machine against its online CPUs:
+// The launcher's count of ranks on this machine above its online CPUs (so
+// above any mask):
 // a communicator of fewer ranks (torch subgroups, MPI sub-communicators)
 // knows the job crowds the machine even where it is the process's first.
 TEST_CASE("a launcher's local world size above the online CPUs makes every communicator crowded") {
@@ -240,4 +241,53 @@ TEST_CASE("a launcher's local world size above the online CPUs makes every commu
                         r, online + 1, online, sub.config().oversubscribed, sub.waits_may_spin());
   });
   CHECK(all_zero(st));
+}
+
+// The launcher's local size against the CPUs its ranks can share: its own
+// mask (which they inherit), not the machine's. A launcher confined to one
+// CPU (taskset, a cpuset smaller than the host) whose 2 local ranks start
+// here: even a 1-rank communicator of this process knows the job crowds that
+// CPU, though 2 ranks do not outnumber the CPUs online. A rank the launcher
+// bound to one CPU of its wider mask is not crowded by the binding alone.
+TEST_CASE("the launcher's local size counts against the launcher's mask, not the online CPUs") {
+  if (cpus_in_mask() < 2) {
+    MESSAGE("skipped: needs 2 CPUs in the affinity mask");
+    return;
+  }
+  const std::string job = unique_job_id("crowd-launcher"), bound_job = unique_job_id("crowd-bound");
+  // Runs `rank` as the only child of a launcher process, with the
+  // launcher's variables for 2 local ranks.
+  auto launch = [](bool pin_launcher, bool pin_rank, const std::function<void()>& rank) {
+    return run_processes(1, [&](int) {
+      clear_launcher_env();
+      cpu_set_t home;
+      CPU_ZERO(&home);
+      sched_getaffinity(0, sizeof home, &home);
+      if (pin_launcher) pin_first(home, true);
+      auto st = run_processes(1, [&](int) {
+        if (pin_rank) pin_first(home, true);
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        setenv("LOCAL_WORLD_SIZE", "2", 1);
+        rank();
+      });
+      SHMRING_CHILD_CHECK(all_zero(st), "the launched rank failed (status %d)", st[0]);
+    });
+  };
+  auto confined = launch(true, false, [&] {
+    Communicator one(0, 1, job);
+    SHMRING_CHILD_CHECK(one.config().oversubscribed && !one.waits_may_spin(),
+                        "LOCAL_WORLD_SIZE=2 under a launcher confined to 1 CPU: "
+                        "oversubscribed=%d waits_may_spin=%d",
+                        one.config().oversubscribed, one.waits_may_spin());
+  });
+  CHECK(all_zero(confined));
+  auto bound = launch(false, true, [&] {
+    Communicator one(0, 1, bound_job);
+    SHMRING_CHILD_CHECK(!one.config().oversubscribed && one.waits_may_spin(),
+                        "LOCAL_WORLD_SIZE=2, bound to 1 CPU of the launcher's mask: "
+                        "oversubscribed=%d waits_may_spin=%d",
+                        one.config().oversubscribed, one.waits_may_spin());
+  });
+  CHECK(all_zero(bound));
 }
