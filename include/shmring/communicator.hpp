@@ -185,6 +185,13 @@ class SHMRING_API Communicator {
   int local_rank() const noexcept;
   int local_size() const noexcept;
   const Config& config() const noexcept;
+  /// Whether this rank's waits may spin now (false: they yield, then
+  /// sleep). False where config().oversubscribed (unless SHMRING_SPIN_US
+  /// sets a spin), and, where this rank's Options::oversubscribed /
+  /// SHMRING_OVERSUBSCRIBED is automatic, while this process holds any
+  /// oversubscribed communicator, also one made after this one: crowding is
+  /// the job's, not one communicator's (docs/guide/tuning.md). Thread-safe.
+  bool waits_may_spin() const noexcept;
 
   /// Ring allreduce: recv[i] = op over all ranks of send[i], i < count.
   /// `send` and `recv` each hold `count` elements of `dtype` (either may be

@@ -247,6 +247,10 @@ until the timeout; refused alike on every rank, the communicator stays usable.
           "config", [](PyCommunicator& c) { return config_dict(c.get().config()); },
           "Settings in force (explicit, environment, defaults) as a dict.")
       .def_property_readonly(
+          "waits_may_spin", [](PyCommunicator& c) { return c.get().waits_may_spin(); },
+          "Whether this rank's waits may spin now: False where the job crowds the machine "
+          "(config['oversubscribed'], or another oversubscribed communicator of this process).")
+      .def_property_readonly(
           "collective_count", [](PyCommunicator& c) { return c.get().collective_count(); },
           "Collectives issued so far by this rank.")
       .def_property_readonly("closed", &PyCommunicator::closed)

@@ -137,6 +137,7 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   cfg.direct_bytes = c.seg->direct_bytes();
   cfg.segment_bytes = c.seg->total_bytes();
   c.seg->wait_all_attached(req.deadline);
+  c.spin_explicit = cfg.spin_us >= 0;  // apply_placement fills an automatic one
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus(),
                           c.seg->oversubscribed_request());
   if (cfg.oversubscribed) c.crowded.emplace();
@@ -212,6 +213,9 @@ int Communicator::local_size() const noexcept {
 }
 const Config& Communicator::config() const noexcept {
   return impl_->config;
+}
+bool Communicator::waits_may_spin() const noexcept {
+  return impl_->base_policy().spin_ns > 0;
 }
 std::uint64_t Communicator::collective_count() const noexcept {
   return impl_->completed.load(std::memory_order_relaxed);

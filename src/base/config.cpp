@@ -192,6 +192,26 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+// CPUs the job's processes on this machine can share, as far as this
+// process can tell without its peers: its own affinity mask together with
+// its launcher's (the parent: Open MPI's daemon, torchrun, shmrun,
+// slurmstepd), which the launcher's ranks inherit before a binding narrows
+// them. A job under `taskset -c 0,1`, or in a 2-CPU cpuset of a bigger
+// machine (whose online count is the host's), counts 2; ranks bound one
+// per core count their launcher's whole mask, so a binding alone never
+// reads as crowding. The online CPUs where the parent's mask is unreadable.
+int launcher_cpus() {
+  cpu_set_t launcher, mine;
+  CPU_ZERO(&launcher);
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(getppid(), sizeof launcher, &launcher) != 0) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? static_cast<int>(online) : affinity_cpus();
+  }
+  if (sched_getaffinity(0, sizeof mine, &mine) == 0) CPU_OR(&launcher, &launcher, &mine);
+  return std::max(1, CPU_COUNT(&launcher));
+}
+
 namespace {
 std::atomic<int> g_crowded_communicators{0};
 }  // namespace
@@ -203,13 +223,16 @@ CrowdedMark::~CrowdedMark() {
   g_crowded_communicators.fetch_sub(1, std::memory_order_relaxed);
 }
 
+bool crowded_communicator_alive() noexcept {
+  return g_crowded_communicators.load(std::memory_order_relaxed) > 0;
+}
+
 std::string job_crowding_hint() {
-  if (g_crowded_communicators.load(std::memory_order_relaxed) > 0)
-    return "another communicator of this process is oversubscribed";
+  if (crowded_communicator_alive()) return "another communicator of this process is oversubscribed";
   // The innermost launcher's count of its ranks on this machine (the set
-  // resolve_config would use). Every rank's mask lies within the online
-  // CPUs, so more ranks than those is crowding whatever the binding; a bad
-  // value is resolve_config's to report, not ours.
+  // resolve_config would use) against the CPUs they can share
+  // (launcher_cpus: at most the online ones); a bad value is
+  // resolve_config's to report, not ours.
   for (const auto& l : kLaunchers) {
     if (!env_string(l.rank) && !env_string(l.size)) continue;
     if (l.local_size == nullptr) break;
@@ -219,9 +242,10 @@ std::string job_crowding_hint() {
     errno = 0;
     const long long local = std::strtoll(raw->c_str(), &end, 10);
     if (errno != 0 || end == raw->c_str() || *end != '\0') break;
-    const long online = sysconf(_SC_NPROCESSORS_ONLN);
-    if (online > 0 && local > online)
-      return fmt::format("{}={} ranks on this machine's {} CPUs", l.local_size, local, online);
+    const int cpus = launcher_cpus();
+    if (local > cpus)
+      return fmt::format("{}={} ranks on the {} CPUs of this rank's and its launcher's masks",
+                         l.local_size, local, cpus);
     break;
   }
   return {};

@@ -45,6 +45,12 @@ void resolve_settings(const Options& options, Config& c);
 /// CPUs in this process's affinity mask (the online count if unreadable).
 int affinity_cpus();
 
+/// CPUs in this process's affinity mask together with its parent's (the
+/// launcher's: what its ranks inherit before any binding); the online count
+/// where the parent's mask is unreadable. job_crowding_hint compares the
+/// launcher's local size with it.
+int launcher_cpus();
+
 /// Fills the settings that depend on where the ranks run, once every rank
 /// has attached: `my_cpus` is this rank's affinity mask size, `job_cpus` the
 /// size of the union of all ranks' masks, `job_request` the ranks' combined
@@ -62,11 +68,16 @@ void apply_placement(Config& c, int my_cpus, int job_cpus, int job_request = -1)
 /// processes (MPI sub-communicators, torch subgroups, a communicator made
 /// beside the first). Two signs: a live communicator of this process is
 /// oversubscribed (CrowdedMark), or the launcher counts more ranks on this
-/// machine (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...) than it has
-/// CPUs online. A rank whose own setting is automatic publishes it as a
-/// request for 1, so that every rank of the communicator agrees
-/// (Segment::oversubscribed_request).
+/// machine (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, ...) than the
+/// CPUs of this process's and its launcher's masks (launcher_cpus). A rank
+/// whose own setting is automatic publishes it as a request for 1, so that
+/// every rank of the communicator agrees (Segment::oversubscribed_request).
 std::string job_crowding_hint();
+
+/// True while any communicator of this process is oversubscribed (holds a
+/// CrowdedMark). One relaxed load: communicators made before the crowded
+/// one read it on every wait (Communicator::Impl::crowded_by_job).
+bool crowded_communicator_alive() noexcept;
 
 /// Held by each communicator of this process that is oversubscribed, for
 /// its lifetime: job_crowding_hint() says so while any is held.

@@ -150,8 +150,9 @@ bool Communicator::Impl::keep_off_cpu_of(int peer) {
 }
 
 detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
-  detail::WaitPolicy policy = wait_policy;
-  if (config.oversubscribed) return policy;  // spin 0 (apply_placement): yield, then sleep
+  detail::WaitPolicy policy = base_policy();
+  // Spin 0 (apply_placement, base_policy): yield, then sleep.
+  if (config.oversubscribed || crowded_by_job()) return policy;
   if (peer >= 0 && !keep_off_cpu_of(peer)) {
     // Spinning only pays while the peer runs on a CPU of its own; on ours it
     // would only delay the peer (placement.hpp).

@@ -100,6 +100,7 @@ struct Communicator::Impl {
   std::optional<detail::CrowdedMark> crowded;
   std::unique_ptr<tbb::task_arena> arena;  // null when threads == 1
   detail::WaitPolicy wait_policy;
+  bool spin_explicit = false;  // SHMRING_SPIN_US set: kept when crowded, as apply_placement does
   detail::Unstacker unstacker;
   int published_cpu = -1;  // what my RankInfo::cpu says
   int rank = 0, size = 1, left = 0, right = 0;
@@ -207,6 +208,25 @@ struct Communicator::Impl {
   /// and yield phases together, then sleep: a yield could only hand our
   /// CPU to a task outside the job, for a whole scheduler slice.
   detail::WaitPolicy policy_for(int peer);
+  /// This communicator is not oversubscribed, yet this rank's setting is
+  /// automatic and its process now holds an oversubscribed communicator
+  /// (made before or after this one): the job crowds the machine, so this
+  /// rank's waits must not spin either (docs/guide/tuning.md,
+  /// "Oversubscription"). Per rank and per wait: spinning need not agree
+  /// across ranks, unlike config.oversubscribed, which chose the slicing and
+  /// algorithms at creation.
+  bool crowded_by_job() const {
+    return !config.oversubscribed && config.oversubscribed_request < 0 &&
+           detail::crowded_communicator_alive();
+  }
+  /// wait_policy as it stands now: without its automatic spin phase while
+  /// crowded_by_job(). The base of every wait of this rank (policy_for, the
+  /// requests', the progress thread's).
+  detail::WaitPolicy base_policy() const {
+    detail::WaitPolicy p = wait_policy;
+    if (!spin_explicit && crowded_by_job()) p.spin_ns = 0;
+    return p;
+  }
 
   // ---- Ring edge r -> r+1 (docs/design/protocols.md, "Ring"). ----
   /// Waits until slot (sent mod K) is free, i.e. right's consumed >= sent-K+1.

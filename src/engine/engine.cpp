@@ -326,7 +326,8 @@ void Engine::reject(const InvalidArgumentError& e) {
 }
 
 std::shared_ptr<RequestState> Engine::new_state() {
-  auto st = std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+  const WaitPolicy w = c_.base_policy();
+  auto st = std::make_shared<RequestState>(w.spin_ns, w.yield_ns);
   // The engine outlives every request it has not completed (~Engine drains
   // the queue), and help() is only reached for a request not yet done.
   st->help = [this, raw = st.get()] { help(*raw); };
@@ -373,8 +374,8 @@ void Engine::help(RequestState& st) {
 
 void Engine::poll_for_work() {
   const auto start = Clock::now();
-  const std::int64_t spin = c_.wait_policy.spin_ns,
-                     total = spin + std::min(c_.wait_policy.yield_ns, kHelperMaxYieldNs);
+  const WaitPolicy w = c_.base_policy();
+  const std::int64_t spin = w.spin_ns, total = spin + std::min(w.yield_ns, kHelperMaxYieldNs);
   for (std::int64_t spent = 0; spent < total; spent = (Clock::now() - start).count()) {
     if (pending_.load(std::memory_order_acquire) != 0) return;
     if (spent < spin) {

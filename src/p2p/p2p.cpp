@@ -333,7 +333,8 @@ P2p::OpPtr P2p::make_op(bool is_send, const void* buf, std::size_t count, DataTy
   op->peer = peer;
   op->tag = tag;
   if (with_request) {
-    op->req = std::make_shared<RequestState>(c_.wait_policy.spin_ns, c_.wait_policy.yield_ns);
+    const WaitPolicy w = c_.base_policy();
+    op->req = std::make_shared<RequestState>(w.spin_ns, w.yield_ns);
     // Waiting for the request progresses it on the waiting thread. The
     // request may outlive us only once complete, and then help is not called.
     op->req->help = [this, weak = std::weak_ptr<Op>(op)] {

@@ -61,7 +61,8 @@ bool P2p::recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, i
     // policy_for(peer).spin_ns > 0 for a caller's thread (not the progress
     // thread's), without its thread-local read.
     const detail::WaitPolicy& w = c_.wait_policy;
-    if (c_.config.oversubscribed || w.spin_ns + w.yield_ns <= 0 || !c_.keep_off_cpu_of(peer))
+    if (c_.config.oversubscribed || c_.crowded_by_job() || w.spin_ns + w.yield_ns <= 0 ||
+        !c_.keep_off_cpu_of(peer))
       return false;
     constexpr int kPolls = 256;
     int i = 0;

@@ -28,7 +28,7 @@ void P2p::watch_entries(std::vector<Watch>& w) {
 
 void P2p::wait_doorbell(std::uint64_t seen, const std::vector<Watch>& watch, int peer,
                         bool progress_thread, Clock::time_point since) {
-  WaitPolicy policy = c_.wait_policy;
+  WaitPolicy policy = c_.base_policy();
   if (progress_thread) {
     // A helper thread must not hold a core a rank needs.
     policy.spin_ns = 0;

@@ -70,6 +70,22 @@ TEST_CASE("a blocking barrier waiting 1 s for a late peer sleeps: under 100 ms o
   CHECK(all_zero(st));
 }
 
+TEST_CASE("a blocking allreduce waiting 1 s for a late peer sleeps: under 100 ms of CPU") {
+  auto st = run_ranks(2, [](Communicator& comm) {
+    std::vector<float> x(4096);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(comm.rank() + 1) * static_cast<float>(i % 7);
+    auto reduce = [&] {
+      comm.allreduce(x.data(), x.data(), x.size(), DataType::float32, ReduceOp::sum);
+    };
+    late_peer(comm, "allreduce", reduce, reduce);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      SHMRING_CHILD_CHECK(x[i] == 3.f * static_cast<float>(i % 7), "rank %d: x[%zu] = %g",
+                          comm.rank(), i, x[i]);
+  });
+  CHECK(all_zero(st));
+}
+
 TEST_CASE("an oversubscribed rank's barrier waiting for a late peer sleeps too") {
   Options o;
   o.oversubscribed = 1;

@@ -157,7 +157,67 @@ TEST_CASE("a communicator made beside an oversubscribed one waits as oversubscri
   CHECK(all_zero(st));
 }
 
-// The launcher's count of ranks on this machine against its online CPUs:
+// The other order: a communicator made first, on ranks with a CPU each,
+// agreed to spin; once its process also holds an oversubscribed one, the
+// job crowds the machine and its waits stop spinning (per rank, per wait:
+// Communicator::waits_may_spin), and start again when that one ends. Its
+// agreed config (slicing, algorithms) stays as made.
+TEST_CASE("a communicator made before an oversubscribed one stops spinning while that one lives") {
+  if (cpus_in_mask() < 2) {
+    MESSAGE("skipped: needs 2 CPUs in the affinity mask");
+    return;
+  }
+  const std::string early_id = unique_job_id("crowd-early"), told_id = unique_job_id("crowd-told"),
+                    crowded_id = unique_job_id("crowd-late");
+  auto st = run_processes(2, [&](int r) {
+    clear_launcher_env();
+    cpu_set_t home;
+    CPU_ZERO(&home);
+    sched_getaffinity(0, sizeof home, &home);
+    Communicator early(r, 2, early_id);
+    Options o;
+    o.rank = r;
+    o.world_size = 2;
+    o.job_id = told_id;
+    o.oversubscribed = 0;
+    Communicator told(o);
+    SHMRING_CHILD_CHECK(!early.config().oversubscribed && early.waits_may_spin(),
+                        "rank %d: 2 ranks on their whole masks (%d CPUs) do not spin "
+                        "(oversubscribed=%d)",
+                        r, cpus_in_mask(), early.config().oversubscribed);
+    {
+      pin_first(home, true);
+      Communicator crowded(r, 2, crowded_id);
+      pin_first(home, false);
+      SHMRING_CHILD_CHECK(crowded.config().oversubscribed && !crowded.waits_may_spin(),
+                          "rank %d: 2 ranks on one CPU spin", r);
+      SHMRING_CHILD_CHECK(!early.waits_may_spin(),
+                          "rank %d: the earlier communicator still spins while this process "
+                          "holds an oversubscribed one",
+                          r);
+      SHMRING_CHILD_CHECK(!early.config().oversubscribed,
+                          "rank %d: the earlier communicator's agreed config changed", r);
+      SHMRING_CHILD_CHECK(told.waits_may_spin(),
+                          "rank %d: Options::oversubscribed=0 was overridden afterwards", r);
+      // Its waits now yield and sleep; the results stay right.
+      for (int i = 0; i < 50; ++i) {
+        float x = static_cast<float>(r + 1);
+        early.allreduce(&x, &x, 1, DataType::float32, ReduceOp::sum);
+        SHMRING_CHILD_CHECK(x == 3, "rank %d: allreduce %d gave %g", r, i, x);
+        x = static_cast<float>(r + 1);
+        crowded.allreduce(&x, &x, 1, DataType::float32, ReduceOp::sum);
+        SHMRING_CHILD_CHECK(x == 3, "rank %d: crowded allreduce %d gave %g", r, i, x);
+      }
+      early.barrier();
+    }
+    SHMRING_CHILD_CHECK(early.waits_may_spin(),
+                        "rank %d: still not spinning after the crowded communicator ended", r);
+  });
+  CHECK(all_zero(st));
+}
+
+// The launcher's count of ranks on this machine above its online CPUs (so
+// above any mask):
 // a communicator of fewer ranks (torch subgroups, MPI sub-communicators)
 // knows the job crowds the machine even where it is the process's first.
 TEST_CASE("a launcher's local world size above the online CPUs makes every communicator crowded") {
@@ -175,9 +235,59 @@ TEST_CASE("a launcher's local world size above the online CPUs makes every commu
     setenv("WORLD_SIZE", std::to_string(online + 1).c_str(), 1);
     setenv("LOCAL_WORLD_SIZE", std::to_string(online + 1).c_str(), 1);
     Communicator sub(r, 2, job);
-    SHMRING_CHILD_CHECK(sub.config().oversubscribed,
-                        "rank %d: LOCAL_WORLD_SIZE=%ld on %ld CPUs, yet not oversubscribed", r,
-                        online + 1, online);
+    SHMRING_CHILD_CHECK(sub.config().oversubscribed && !sub.waits_may_spin(),
+                        "rank %d: LOCAL_WORLD_SIZE=%ld on %ld CPUs, yet oversubscribed=%d "
+                        "waits_may_spin=%d",
+                        r, online + 1, online, sub.config().oversubscribed, sub.waits_may_spin());
   });
   CHECK(all_zero(st));
+}
+
+// The launcher's local size against the CPUs its ranks can share: its own
+// mask (which they inherit), not the machine's. A launcher confined to one
+// CPU (taskset, a cpuset smaller than the host) whose 2 local ranks start
+// here: even a 1-rank communicator of this process knows the job crowds that
+// CPU, though 2 ranks do not outnumber the CPUs online. A rank the launcher
+// bound to one CPU of its wider mask is not crowded by the binding alone.
+TEST_CASE("the launcher's local size counts against the launcher's mask, not the online CPUs") {
+  if (cpus_in_mask() < 2) {
+    MESSAGE("skipped: needs 2 CPUs in the affinity mask");
+    return;
+  }
+  const std::string job = unique_job_id("crowd-launcher"), bound_job = unique_job_id("crowd-bound");
+  // Runs `rank` as the only child of a launcher process, with the
+  // launcher's variables for 2 local ranks.
+  auto launch = [](bool pin_launcher, bool pin_rank, const std::function<void()>& rank) {
+    return run_processes(1, [&](int) {
+      clear_launcher_env();
+      cpu_set_t home;
+      CPU_ZERO(&home);
+      sched_getaffinity(0, sizeof home, &home);
+      if (pin_launcher) pin_first(home, true);
+      auto st = run_processes(1, [&](int) {
+        if (pin_rank) pin_first(home, true);
+        setenv("RANK", "0", 1);
+        setenv("WORLD_SIZE", "2", 1);
+        setenv("LOCAL_WORLD_SIZE", "2", 1);
+        rank();
+      });
+      SHMRING_CHILD_CHECK(all_zero(st), "the launched rank failed (status %d)", st[0]);
+    });
+  };
+  auto confined = launch(true, false, [&] {
+    Communicator one(0, 1, job);
+    SHMRING_CHILD_CHECK(one.config().oversubscribed && !one.waits_may_spin(),
+                        "LOCAL_WORLD_SIZE=2 under a launcher confined to 1 CPU: "
+                        "oversubscribed=%d waits_may_spin=%d",
+                        one.config().oversubscribed, one.waits_may_spin());
+  });
+  CHECK(all_zero(confined));
+  auto bound = launch(false, true, [&] {
+    Communicator one(0, 1, bound_job);
+    SHMRING_CHILD_CHECK(!one.config().oversubscribed && one.waits_may_spin(),
+                        "LOCAL_WORLD_SIZE=2, bound to 1 CPU of the launcher's mask: "
+                        "oversubscribed=%d waits_may_spin=%d",
+                        one.config().oversubscribed, one.waits_may_spin());
+  });
+  CHECK(all_zero(bound));
 }

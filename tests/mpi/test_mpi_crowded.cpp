@@ -1,5 +1,5 @@
 // Communicators of MPI sub-communicators wait as the whole job's crowding
-// requires (README, SHMRING_OVERSUBSCRIBED): 4 ranks on 2 CPUs, each
+// requires (docs/guide/tuning.md, "Oversubscription"): 4 ranks on 2 CPUs, each
 // splits MPI_COMM_WORLD in two halves by rank parity and makes a
 // shmring::mpi::Communicator on the world and on its half. The halves'
 // node communicators count 2 ranks on 2 CPUs, yet share those CPUs with
@@ -11,13 +11,22 @@
 //
 // Each rank first narrows its affinity mask to the first 2 CPUs of it, so
 // that the job crowds them on any machine (--no-pin: keep the mask, as a
-// plain `mpirun -np 4` on a 2-CPU machine; --rounds N). Exits 1 on a
-// failure, 77 (skipped) with fewer than 2 CPUs or other than 4 ranks.
+// plain `mpirun -np 4` on a 2-CPU machine; --rounds N). --half-first makes
+// the half's communicator before the world's and hides the launcher's local
+// size (OMPI_COMM_WORLD_LOCAL_SIZE, ...) from shmring, as where it does not
+// exceed the online CPUs: then only the later world's crowding can stop the
+// half's waits spinning. Exits 1 on a failure, 77 (skipped) with fewer than
+// 2 CPUs or other than 4 ranks.
+//
+// The case's measurement, on the 2-CPU VM without fake nodes:
+//
+//   mpirun --oversubscribe --mca btl self,vader -np 4 build/tests/mpi/test_mpi_crowded --no-pin
 
 #include <fmt/format.h>
 #include <sched.h>
 
 #include <cstdlib>
+#include <optional>
 #include <shmring/mpi.hpp>
 #include <string>
 #include <vector>
@@ -29,15 +38,21 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  bool pin = true;
+  bool pin = true, half_first = false;
   int rounds = 300;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-pin")
       pin = false;
+    else if (a == "--half-first")
+      half_first = true;
     else if (a == "--rounds" && i + 1 < argc)
       rounds = std::atoi(argv[++i]);
   }
+  if (half_first)
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS",
+                          "SHMRING_LOCAL_WORLD_SIZE"})
+      unsetenv(v);
   cpu_set_t mask;
   CPU_ZERO(&mask);
   sched_getaffinity(0, sizeof mask, &mask);
@@ -68,18 +83,26 @@ int main(int argc, char** argv) {
     MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half_mpi);
     smpi::Options o;
     o.abort_on_error = 0;
+    std::optional<smpi::Communicator> early;
+    if (half_first) early.emplace(half_mpi, o);
     smpi::Communicator world(MPI_COMM_WORLD, o);
-    smpi::Communicator half(half_mpi, o);
-    // 4 ranks on the 2 CPUs: every communicator of the job is crowded.
+    if (!half_first) early.emplace(half_mpi, o);
+    smpi::Communicator& half = *early;
+    // 4 ranks on the 2 CPUs: every communicator of the job is crowded. Its
+    // waits never spin; the one made last also agreed on it at creation
+    // (made first, the half's may have agreed otherwise where the launcher
+    // does not tell: then only its waits follow the job).
     if (automatic && (!pin || cpus == 2)) {
       for (auto* c : {&world, &half}) {
-        const shmring::Config& cfg = c->node_communicator().config();
-        if (!cfg.oversubscribed || cfg.spin_us != 0) {
+        const shmring::Communicator& node = c->node_communicator();
+        const shmring::Config& cfg = node.config();
+        const bool made_last = half_first ? c == &world : c == &half;
+        if (node.waits_may_spin() || (made_last && (!cfg.oversubscribed || cfg.spin_us != 0))) {
           fmt::print(stderr,
                      "rank {}: FAIL the {}'s node communicator ({} ranks, job_cpus={}) has "
-                     "oversubscribed={} spin_us={}: 4 ranks share 2 CPUs\n",
+                     "oversubscribed={} spin_us={} waits_may_spin={}: 4 ranks share 2 CPUs\n",
                      rank, c == &world ? "world" : "half", c->size(), cfg.job_cpus,
-                     cfg.oversubscribed, cfg.spin_us);
+                     cfg.oversubscribed, cfg.spin_us, node.waits_may_spin());
           ++failures;
         }
       }

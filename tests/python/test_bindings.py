@@ -238,3 +238,21 @@ def test_world_size_is_the_keyword_and_size_its_alias(job_id):
         assert c.world_size == 1
     with pytest.raises(shmring.InvalidArgumentError, match="world_size=2 and size=1"):
         shmring.Communicator(rank=0, world_size=2, size=1, job_id=job_id)
+
+
+def test_waits_may_spin_follows_the_job(job_id, monkeypatch):
+    # Crowding is the job's: a communicator made first stops spinning while
+    # this process holds an oversubscribed one, and spins again after.
+    monkeypatch.delenv("SHMRING_SPIN_US", raising=False)
+    monkeypatch.delenv("SHMRING_OVERSUBSCRIBED", raising=False)
+    early = shmring.Communicator(rank=0, size=1, job_id=job_id + "-early", timeout=5)
+    if early.config["oversubscribed"] or not early.waits_may_spin:
+        early.close()
+        pytest.skip("this process's job already crowds its CPUs")
+    monkeypatch.setenv("SHMRING_OVERSUBSCRIBED", "1")
+    crowded = shmring.Communicator(rank=0, size=1, job_id=job_id + "-crowded", timeout=5)
+    assert crowded.config["oversubscribed"] and not crowded.waits_may_spin
+    assert not early.waits_may_spin and not early.config["oversubscribed"]
+    crowded.close()
+    assert early.waits_may_spin
+    early.close()
