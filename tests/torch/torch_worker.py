@@ -700,7 +700,8 @@ def shm_mappings():
     the group, not by job id."""
     with open("/proc/self/maps") as f:
         fields = (line.split(maxsplit=5) for line in f)
-        return {(x[0], x[5].strip()) for x in fields if len(x) == 6 and x[5].startswith("/dev/shm/")}
+        return {(x[0], x[5].strip()) for x in fields
+                if len(x) == 6 and x[5].startswith("/dev/shm/")}
 
 
 def left_over(before):
