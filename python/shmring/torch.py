@@ -40,7 +40,9 @@ segment and threads at once, whatever still refers to it (a DDP model, a
 saved handle); operations on it afterwards raise RuntimeError. Groups made
 later (init_process_group again, new_group) never meet it. A
 ``destroy_process_group`` imported from torch before this module is torch's
-own, and leaves the release to Python's garbage collector.
+own (torch 1.13's calls no hook of the group): the group then goes when
+Python drops its last reference (at once, if nothing else holds it), without
+waiting for its peers.
 
 Work objects complete their futures on a thread of the process group's own
 (or on the thread in ``Work.wait()``), never on shmring's progress thread, so DDP communication hooks (PowerSGD)

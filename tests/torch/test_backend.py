@@ -165,6 +165,19 @@ def test_destroy_then_init_again_six_times_under_shmrun(tmp):
     assert shm_entries(job_ids([p.stdout])) == []
 
 
+def test_torch_own_destroy_frees_a_group_nothing_else_holds_at_once(tmp):
+    """torch's destroy_process_group, unwrapped, with the garbage collector
+    off: the group's segment and threads are gone when it returns (no
+    reference cycle of ours keeps a group alive), after a new_group, a
+    future callback holding its Work and a DDP step (torch_worker.py,
+    scenario_torch_destroy)."""
+    results = run_job("torch_destroy", 3, tmp)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "torch_destroy ok" in out
+    assert len(job_ids(out for _, out in results)) == 6  # 3 rounds: world, [0, 2]
+
+
 def test_import_shmring_registers_only_when_torch_is_loaded():
     """`import torch; import shmring` registers the backend; a plain
     `import shmring` does not pay for importing torch."""

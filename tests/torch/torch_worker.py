@@ -717,10 +717,23 @@ def shmring_threads():
     return [n for n in names if n.startswith("shmring")], len(names)
 
 
-def mapped(job_ids):
-    """Lines of /proc/self/maps that map a segment of one of `job_ids`."""
+def shm_mappings():
+    """This process's mappings of files in /dev/shm (address range and
+    name). A segment shows under its name ("...<job id> (deleted)") on the
+    ranks that opened it, but as "/dev/shm/#<inode> (deleted)" on the rank
+    that created it unnamed (O_TMPFILE): compare with the set taken before
+    the group, not by job id."""
     with open("/proc/self/maps") as f:
-        return [line.strip() for line in f if any(j in line for j in job_ids)]
+        fields = (line.split(maxsplit=5) for line in f)
+        return {(x[0], x[5].strip()) for x in fields
+                if len(x) == 6 and x[5].startswith("/dev/shm/")}
+
+
+def left_over(before):
+    """The /dev/shm mappings and shmring threads that were not there at
+    `before` (a (shm_mappings(), shmring_threads()) pair)."""
+    maps, threads = shm_mappings() - before[0], shmring_threads()
+    return sorted(maps), (threads if threads != before[1] else None)
 
 
 def scenario_reinit(rank, size, backend, init_method, rounds=6):
@@ -743,7 +756,7 @@ def scenario_reinit(rank, size, backend, init_method, rounds=6):
     kept = []
     members = list(range(size - 1, -1, -2))  # a subgroup: every other rank, from the last
     for i in range(rounds):
-        before = shmring_threads()
+        before = (shm_mappings(), shmring_threads())
         init(backend, init_method, rank, size)
         world = dist.distributed_c10d._get_default_group()
         sub = dist.new_group(members)
@@ -765,15 +778,55 @@ def scenario_reinit(rank, size, backend, init_method, rounds=6):
             want = sum(r + 1 for r in (members if g is sub else range(size)))
             check(torch.equal(x, torch.full_like(x, float(want))),
                   f"round {i}: an all_reduce pending at destroy gave {x[0].item()}")
-        ids = [g.job_id for g in ours]
-        check(mapped(ids) == [], f"round {i}: still mapped after destroy: {mapped(ids)}")
-        after = shmring_threads()
-        check(after == before, f"round {i}: threads (shmring's, all) {before} before init, "
-              f"{after} after destroy")
+        maps, threads = left_over(before)
+        check(maps == [], f"round {i}: still mapped after destroy: {maps}")
+        check(threads is None, f"round {i}: threads (shmring's, all) {before[1]} before init, "
+              f"{threads} after destroy")
         for g in ours:
             expect_error(lambda: g.allreduce([torch.ones(2)]).wait(), "destroyed")
         print(f"round {i} ok", flush=True)
     print("reinit ok", flush=True)
+
+
+def scenario_torch_destroy(rank, size, init_method):
+    """torch's own destroy_process_group (the one shmring.torch wraps),
+    with the garbage collector off: a group that nothing else holds goes at
+    once, communicator, segment and threads, so nothing of ours (a reference
+    cycle through a Work, a future callback, DDP's reducer) keeps it alive
+    until a collection. Three rounds: the default group, a new_group, an
+    all_reduce through a future with a then() callback that holds its Work,
+    a DDP step on the subgroup; each round in a store of its own (a file://
+    URL per round), since torch's destroy does not wait for the peers."""
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch_destroy = dist.distributed_c10d.destroy_process_group.__wrapped__
+    gc.disable()
+    members = list(range(size))[::2]
+
+    def round_(i):
+        init("shmring", f"{init_method}.{i}", rank, size)
+        sub = dist.new_group(members)
+        if rank in members:
+            report_job(sub)
+        t = torch.full((4,), float(rank + 1))
+        work = dist.all_reduce(t, async_op=True)
+        seen = work.get_future().then(lambda f: (work, t.clone())).wait()
+        check(torch.equal(seen[1], torch.full((4,), size * (size + 1) / 2)),
+              f"torch_destroy round {i}: all_reduce gave {seen[1].tolist()}")
+        if rank in members:
+            model = DDP(nn.Linear(4, 2), process_group=sub)
+            model(torch.ones(3, 4)).sum().backward()
+        dist.barrier()
+        torch_destroy()
+
+    for i in range(3):
+        before = (shm_mappings(), shmring_threads())
+        round_(i)
+        maps, threads = left_over(before)
+        check(maps == [], f"torch_destroy round {i}: still mapped after torch's destroy: {maps}")
+        check(threads is None, f"torch_destroy round {i}: threads (shmring's, all) {before[1]} "
+              f"before init, {threads} after torch's destroy")
+    print("torch_destroy ok", flush=True)
 
 
 def scenario_job(rank, size):
@@ -873,6 +926,9 @@ def main():
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if scenario == "reinit":  # makes and destroys its groups itself
         scenario_reinit(rank, size, backend, init_method)
+        return
+    if scenario == "torch_destroy":  # likewise
+        scenario_torch_destroy(rank, size, init_method)
         return
     init(backend, init_method, rank, size)
     if scenario == "ddp":
