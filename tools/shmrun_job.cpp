@@ -1,4 +1,5 @@
 #include "shmrun_job.hpp"
+#include "shmrun_status.hpp"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -281,7 +282,7 @@ bool Job::setup_signals() {
   // Signals arrive through a signalfd in the poll loop: no handler runs
   // concurrently with the supervision code, and none is lost between checks.
   sigemptyset(&blocked_);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&blocked_, s);
+  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&blocked_, s);
   if (sigprocmask(SIG_BLOCK, &blocked_, &original_mask_) != 0) return false;
   int fd = signalfd(-1, &blocked_, SFD_CLOEXEC | SFD_NONBLOCK);
   if (fd < 0) return false;
@@ -455,6 +456,13 @@ void Job::on_failure(int rank) {
 }
 
 void Job::on_signal(int sig) {
+  if (sig == SIGUSR1) {
+    // `kill -USR1 <shmrun pid>`: where every rank is, as `shmrun --status
+    // --job-id` prints it (docs/guide/tracing.md); the job goes on.
+    std::fprintf(stderr, "shmrun: SIGUSR1: status of job %s\n", spec_.job_id.c_str());
+    (void)shmring::tools::print_status(spec_.job_id, stderr);
+    return;
+  }
   ++user_signals_;
   if (user_signals_ == 1) {
     if (end_ == End::none) {

@@ -93,7 +93,7 @@ std::string rate(double v, const char* unit) {
 
 // Prints one job's table; false when the segment cannot be read (a job of
 // another shmring build is only noted: it is not this shmrun's to read).
-bool print_job(const Found& f) {
+bool print_job(const Found& f, FILE* out) {
   const int fd = ::open(f.proc_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     std::fprintf(stderr, "shmrun: cannot open %s (%s): %s\n", f.name.c_str(), f.proc_path.c_str(),
@@ -127,12 +127,12 @@ bool print_job(const Found& f) {
     ok = true;
     const std::uint64_t now = d::mono_ns();
     const auto abort_code = h->abort_code.load(std::memory_order_acquire);
-    std::printf("job segment %s: %d ranks%s\n", f.name.c_str(), n,
-                abort_code == d::kAbortNone ? "" : ", failed (its abort word is set)");
+    std::fprintf(out, "job segment %s: %d ranks%s\n", f.name.c_str(), n,
+                 abort_code == d::kAbortNone ? "" : ", failed (its abort word is set)");
     if (check.layout.recorder_entries == 0)
-      std::printf("  (no flight recorder: the job runs with SHMRING_RECORDER_ENTRIES=0)\n");
-    std::printf("%4s %8s  %-32s %5s %9s  %-14s %12s %12s\n", "rank", "pid", "call", "step", "for",
-                "waits for", "calls/s", "bytes/s");
+      std::fprintf(out, "  (no flight recorder: the job runs with SHMRING_RECORDER_ENTRIES=0)\n");
+    std::fprintf(out, "%4s %8s  %-32s %5s %9s  %-14s %12s %12s\n", "rank", "pid", "call", "step",
+                 "for", "waits for", "calls/s", "bytes/s");
     for (int r = 0; r < n; ++r) {
       const d::RankRecord rec = d::read_rank_record(base, check.layout, r);
       std::string call = "-", step = "-", since = "-", waits = "-", calls = "-", bytes = "-";
@@ -174,8 +174,8 @@ bool print_job(const Found& f) {
           bytes = rate(static_cast<double>(rec.bytes) / up, "B");
         }
       }
-      std::printf("%4d %8d  %-32s %5s %9s  %-14s %12s %12s\n", r, rec.pid, call.c_str(),
-                  step.c_str(), since.c_str(), waits.c_str(), calls.c_str(), bytes.c_str());
+      std::fprintf(out, "%4d %8d  %-32s %5s %9s  %-14s %12s %12s\n", r, rec.pid, call.c_str(),
+                   step.c_str(), since.c_str(), waits.c_str(), calls.c_str(), bytes.c_str());
     }
   }
   ::munmap(addr, size);
@@ -184,7 +184,7 @@ bool print_job(const Found& f) {
 
 }  // namespace
 
-int print_status(const std::string& job_id) {
+int print_status(const std::string& job_id, FILE* out) {
   const std::string prefix = job_id.empty() ? fmt::format("shmring-{}-", getuid())
                                             : fmt::format("shmring-{}-{}-", getuid(), job_id);
   auto found = find_segments(prefix);
@@ -193,12 +193,13 @@ int print_status(const std::string& job_id) {
       return f.name.find('-', prefix.size()) != std::string::npos;  // a longer job id
     });
   if (found.empty()) {
-    std::printf("shmrun: no running shmring job of user %u%s on this host\n", getuid(),
-                job_id.empty() ? "" : fmt::format(" with job id {}", job_id).c_str());
+    std::fprintf(out, "shmrun: no running shmring job of user %u%s on this host\n", getuid(),
+                 job_id.empty() ? "" : fmt::format(" with job id {}", job_id).c_str());
     return job_id.empty() ? 0 : 1;
   }
   int failed = 0;
-  for (const auto& f : found) failed += print_job(f) ? 0 : 1;
+  for (const auto& f : found) failed += print_job(f, out) ? 0 : 1;
+  std::fflush(out);
   return failed ? 1 : 0;
 }
 

@@ -139,6 +139,29 @@ def test_sigint_once():
     assert_clean(jid, stderr, 4)
 
 
+def test_usr1_status():
+    """kill -USR1 on a running shmrun prints its job's status table (one row
+    per rank, each inside an allreduce or between two) to stderr, twice, and
+    the job runs on until SIGINT."""
+    jid = job_id()
+    p, err = start_loop(jid, [])
+    for _ in range(2):
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        check(p.poll() is None, "SIGUSR1 ended the job")
+    p.send_signal(signal.SIGINT)
+    rc, stderr = finish(p, err, 20)
+    check(rc == -signal.SIGINT, f"shmrun returned {rc}, expected death by SIGINT", stderr)
+    check(stderr.count(f"shmrun: SIGUSR1: status of job {jid}") == 2, "two status reports", stderr)
+    pids = worker_pids(stderr)
+    for r in range(4):
+        rows = re.findall(rf"^\s*{r}\s+{pids.get(r)}\s+(allreduce #\d+|idle \(last allreduce #\d+\))",
+                          stderr, re.M)
+        check(len(rows) == 2, f"rank {r} (pid {pids.get(r)}): expected a row per report", stderr)
+    check("received SIGUSR1" not in stderr, "SIGUSR1 is not forwarded", stderr)
+    assert_clean(jid, stderr, 4)
+
+
 def test_sigint_twice():
     """Workers ignore SIGINT; a second SIGINT kills them at once (grace is 60 s)."""
     jid = job_id()
