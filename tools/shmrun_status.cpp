@@ -131,7 +131,7 @@ bool print_job(const Found& f, FILE* out) {
                  abort_code == d::kAbortNone ? "" : ", failed (its abort word is set)");
     if (check.layout.recorder_entries == 0)
       std::fprintf(out, "  (no flight recorder: the job runs with SHMRING_RECORDER_ENTRIES=0)\n");
-    std::fprintf(out, "%4s %8s  %-32s %5s %9s  %-14s %12s %12s\n", "rank", "pid", "call", "step",
+    std::fprintf(out, "%4s %8s  %-40s %5s %9s  %-14s %12s %12s\n", "rank", "pid", "call", "step",
                  "for", "waits for", "calls/s", "bytes/s");
     for (int r = 0; r < n; ++r) {
       const d::RankRecord rec = d::read_rank_record(base, check.layout, r);
@@ -161,6 +161,13 @@ bool print_job(const Found& f, FILE* out) {
             waits = rec.waiting_for >= 0 ? fmt::format("rank {}", rec.waiting_for)
                                          : std::string("several");
           if (waits != "-") waits = "waits for " + waits;
+        } else if (rec.p2p && rec.p2p->end_ns == 0) {
+          // Outside any collective, in a point-to-point call.
+          call = d::describe_p2p(*rec.p2p);
+          if (dead) call += " (dead)";
+          since = fmt::format("{:.1f} s",
+                              now > rec.p2p->start_ns ? (now - rec.p2p->start_ns) * 1e-9 : 0.0);
+          waits = fmt::format("waits for rank {}", rec.p2p->peer);
         } else {
           call = last ? fmt::format("idle (last {})", call_text(*last))
                       : std::string("idle (no call yet)");
@@ -174,7 +181,7 @@ bool print_job(const Found& f, FILE* out) {
           bytes = rate(static_cast<double>(rec.bytes) / up, "B");
         }
       }
-      std::fprintf(out, "%4d %8d  %-32s %5s %9s  %-14s %12s %12s\n", r, rec.pid, call.c_str(),
+      std::fprintf(out, "%4d %8d  %-40s %5s %9s  %-14s %12s %12s\n", r, rec.pid, call.c_str(),
                    step.c_str(), since.c_str(), waits.c_str(), calls.c_str(), bytes.c_str());
     }
   }

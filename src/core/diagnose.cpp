@@ -72,6 +72,9 @@ std::string Communicator::Impl::job_summary() {
               : std::string("it completed no call yet");
     if (in)
       s += fmt::format("; it is in {} since {:.1f} s", call_name(*in), secs(now, in->start_ns));
+    if (rec.p2p && rec.p2p->end_ns == 0)
+      s += fmt::format("; it is in {} since {:.1f} s", detail::describe_p2p(*rec.p2p),
+                       secs(now, rec.p2p->start_ns));
     parts.push_back(s);
   }
   for (const auto& [call, ranks] : waiting)
@@ -110,6 +113,18 @@ std::string Communicator::Impl::dump_recorders(const std::string& reason) {
     jr["waiting_for"] = rec.wait_since_ns != 0 ? rec.waiting_for : -1;
     jr["wait_since_ns"] = rec.wait_since_ns;
     jr["step"] = rec.step;
+    if (rec.p2p) {
+      const auto& p = *rec.p2p;
+      jr["p2p_calls"] = rec.p2p_calls;
+      jr["p2p_last"] = {{"kind", p.is_send ? "send" : "recv"},
+                        {"peer", p.peer},
+                        {"tag", p.tag},
+                        {"count", p.count},
+                        {"dtype", std::string(to_string(static_cast<DataType>(p.dtype)))},
+                        {"state", detail::call_state_name(p.state)},
+                        {"start_ns", p.start_ns},
+                        {"end_ns", p.end_ns}};
+    }
     jr["calls"] = nlohmann::json::array();
     for (const auto& call : rec.history) {
       nlohmann::json jc;

@@ -62,4 +62,32 @@ inline void recorder_end_call(RecorderEntry& e, std::uint32_t state, std::uint64
   recorder_close(e, v);
 }
 
+/// Point-to-point: `head`'s newest call is now this one, started at `now`.
+/// The writer holds the p2p engine's lock (one writer at a time).
+inline void recorder_p2p_begin(RecorderHead& h, bool is_send, DataType dtype, int peer, int tag,
+                               std::uint64_t count, std::uint64_t now) {
+  const std::uint64_t v = h.p2p_version.load(std::memory_order_relaxed) + 1;
+  h.p2p_version.store(v, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  h.p2p_calls.store(h.p2p_calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  h.p2p_count.store(count, std::memory_order_relaxed);
+  h.p2p_start_ns.store(now, std::memory_order_relaxed);
+  h.p2p_end_ns.store(0, std::memory_order_relaxed);
+  h.p2p_kind_dtype.store((is_send ? 1u : 2u) | static_cast<std::uint32_t>(dtype) << 8,
+                         std::memory_order_relaxed);
+  h.p2p_peer.store(peer, std::memory_order_relaxed);
+  h.p2p_tag.store(tag, std::memory_order_relaxed);
+  h.p2p_state.store(kCallStarted, std::memory_order_relaxed);
+  h.p2p_version.store(v + 1, std::memory_order_release);
+}
+/// Ends `head`'s newest point-to-point call: completed or failed at `now`.
+inline void recorder_p2p_end(RecorderHead& h, std::uint32_t state, std::uint64_t now) {
+  const std::uint64_t v = h.p2p_version.load(std::memory_order_relaxed) + 1;
+  h.p2p_version.store(v, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  h.p2p_end_ns.store(now, std::memory_order_relaxed);
+  h.p2p_state.store(state, std::memory_order_relaxed);
+  h.p2p_version.store(v + 1, std::memory_order_release);
+}
+
 }  // namespace shmring::detail

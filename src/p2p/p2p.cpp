@@ -300,10 +300,30 @@ std::string P2p::describe(const Op& op) const {
   return describe_op(op.is_send, op.count, op.dtype, op.peer, op.tag);
 }
 
+void P2p::record_begin(Op& op) {
+  if (c_.rec_head == nullptr) return;
+  op.rec_id = ++rec_last_;
+  recorder_p2p_begin(*c_.rec_head, op.is_send, op.dtype, op.peer, op.tag, op.count, mono_ns());
+}
+
+void P2p::record_end(const Op& op, bool ok) {
+  if (c_.rec_head == nullptr || op.rec_id == 0 || op.rec_id != rec_last_) return;
+  recorder_p2p_end(*c_.rec_head, ok ? kCallCompleted : kCallFailed, mono_ns());
+}
+
+void P2p::record_eager(bool is_send, std::uint64_t count, DataType dtype, int peer, int tag) {
+  if (c_.rec_head == nullptr) return;
+  ++rec_last_;
+  const std::uint64_t now = mono_ns();
+  recorder_p2p_begin(*c_.rec_head, is_send, dtype, peer, tag, count, now);
+  recorder_p2p_end(*c_.rec_head, kCallCompleted, now);
+}
+
 void P2p::finish(const OpPtr& op, std::exception_ptr error) {
   if (op->done) return;
   op->done = true;
   op->error = error;
+  record_end(*op, !error);
   // Another thread of ours may be waiting for this operation on our doorbell.
   if (sleepers_ > 0) ring(c_.rank);
   if (op->req) {
@@ -365,6 +385,7 @@ void P2p::post(const OpPtr& op) {
     std::rethrow_exception(e);
   }
   op->deadline = c_.deadline();
+  record_begin(*op);
   if (op->req) ++requests_pending_;
   if (op->is_send) {
     op->eager = op->bytes <= kP2pInlineBytes;

@@ -178,6 +178,12 @@ class P2p {
   bool stop_ = false;
   int sleepers_ = 0;  // threads between unlock and re-lock around a doorbell wait
   std::size_t requests_pending_ = 0;
+  // Flight recorder (core/recorder.hpp): the recorder head shows this
+  // rank's newest point-to-point call. Under mutex_.
+  std::uint64_t rec_last_ = 0;
+  void record_begin(Op& op);
+  void record_end(const Op& op, bool ok);
+  void record_eager(bool is_send, std::uint64_t count, DataType dtype, int peer, int tag);
   std::vector<OpPtr> completions_;  // finished requests not yet delivered
   std::unique_ptr<std::thread> thread_;
   // Splits large single-copy reads when the rank has one reduction thread

@@ -42,6 +42,7 @@ bool P2p::send_eager(const void* buf, std::uint64_t count, DataType dtype, int p
   publish_header(e, m, count, tag, flags);
   ps.remember_buffered(m, count, dtype, tag);
   ring_light(peer);
+  record_eager(true, count, dtype, peer, tag);
   return true;
 }
 
@@ -91,6 +92,7 @@ bool P2p::recv_eager(void* buf, std::uint64_t count, DataType dtype, int peer, i
   ps.scanned = m + 1;
   ch.headers_read.store(ps.scanned, std::memory_order_release);
   ring_light(peer);
+  record_eager(false, count, dtype, peer, tag);
   return true;
 }
 

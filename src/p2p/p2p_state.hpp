@@ -57,6 +57,9 @@ struct P2p::Op {
   // Recv: the matched header; staged: slices copied out so far.
   Header hdr;
   bool activated = false;
+  // Its number among this rank's recorded point-to-point calls (the
+  // recorder head shows the newest: P2p::record_begin).
+  std::uint64_t rec_id = 0;
 };
 
 struct P2p::PeerState {

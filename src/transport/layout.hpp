@@ -41,7 +41,7 @@ inline constexpr std::uint32_t kLayoutVersion =
          // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
          // 14: p2p withdrawn / taking words, refused verdicts;
          // 15: flight recorders (Header::recorder_entries);
-         // 16: p2p released word; 17: RankArea::refusal
+         // 16: p2p released word; 17: RankArea::refusal, RecorderHead's p2p call
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -399,6 +399,15 @@ struct alignas(kLine) RecorderHead {
   std::atomic<std::int32_t> waiting_for;          // the rank that wait is for (-1: none or several)
   std::atomic<std::int32_t> step;                 // the current step of the running call
   std::atomic<std::uint64_t> realtime_offset_ns;  // CLOCK_REALTIME - CLOCK_MONOTONIC at attach
+  // The rank's newest point-to-point call (its p2p engine writes these
+  // under its lock, inside the seqlock p2p_version).
+  std::atomic<std::uint64_t> p2p_version;
+  std::atomic<std::uint64_t> p2p_calls;  // point-to-point calls posted
+  std::atomic<std::uint64_t> p2p_count;
+  std::atomic<std::uint64_t> p2p_start_ns, p2p_end_ns;  // end 0: in flight
+  std::atomic<std::uint32_t> p2p_kind_dtype;            // byte 0: 1 send, 2 recv; byte 1: dtype
+  std::atomic<std::int32_t> p2p_peer, p2p_tag;
+  std::atomic<std::uint32_t> p2p_state;  // kCallStarted / kCallCompleted / kCallFailed
 };
 inline constexpr std::uint64_t recorder_rank_bytes(std::uint64_t entries) {
   return entries == 0 ? 0 : sizeof(RecorderHead) + entries * sizeof(RecorderEntry);

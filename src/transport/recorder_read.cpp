@@ -1,6 +1,10 @@
 #include "transport/recorder_read.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+
+#include "shmring/types.hpp"
 
 namespace shmring::detail {
 
@@ -27,6 +31,11 @@ const char* call_state_name(std::uint32_t state) {
       return "failed";
   }
   return "unknown";
+}
+
+std::string describe_p2p(const RecordedP2p& p) {
+  return fmt::format("{} rank {} (tag {}, {} {})", p.is_send ? "send to" : "recv from", p.peer,
+                     p.tag, p.count, to_string(static_cast<DataType>(p.dtype)));
 }
 
 namespace {
@@ -88,6 +97,28 @@ RankRecord read_rank_record(const std::byte* base, const Layout& l, int r) {
       if (got > 0) rec.history.push_back(c);
       break;
     }
+  }
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const std::uint64_t v = head->p2p_version.load(std::memory_order_acquire);
+    if (v % 2 != 0) continue;
+    RecordedP2p p;
+    const std::uint64_t calls = head->p2p_calls.load(std::memory_order_relaxed);
+    p.count = head->p2p_count.load(std::memory_order_relaxed);
+    p.start_ns = head->p2p_start_ns.load(std::memory_order_relaxed);
+    p.end_ns = head->p2p_end_ns.load(std::memory_order_relaxed);
+    const std::uint32_t kd = head->p2p_kind_dtype.load(std::memory_order_relaxed);
+    p.peer = head->p2p_peer.load(std::memory_order_relaxed);
+    p.tag = head->p2p_tag.load(std::memory_order_relaxed);
+    p.state = head->p2p_state.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (head->p2p_version.load(std::memory_order_relaxed) != v) continue;
+    rec.p2p_calls = calls;
+    if (calls != 0) {
+      p.is_send = (kd & 0xff) == 1;
+      p.dtype = (kd >> 8) & 0xff;
+      rec.p2p = p;
+    }
+    break;
   }
   std::sort(rec.history.begin(), rec.history.end(),
             [](const RecordedCall& a, const RecordedCall& b) { return a.seq < b.seq; });

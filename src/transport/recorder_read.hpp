@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "transport/layout.hpp"
@@ -24,6 +25,15 @@ struct RecordedCall {
   std::int32_t step = -1;
 };
 
+/// A rank's newest point-to-point call.
+struct RecordedP2p {
+  bool is_send = false;
+  std::uint32_t dtype = 0;
+  std::int32_t peer = -1, tag = 0;
+  std::uint64_t count = 0, start_ns = 0, end_ns = 0;  // end 0: in flight
+  std::uint32_t state = 0;                            // kCall*
+};
+
 /// What one rank's part of the segment says about it.
 struct RankRecord {
   int rank = 0;
@@ -34,6 +44,8 @@ struct RankRecord {
   std::uint64_t start_ns = 0, calls = 0, bytes = 0, wait_since_ns = 0, realtime_offset_ns = 0;
   std::int32_t waiting_for = -1, step = -1;
   std::vector<RecordedCall> history;  // oldest first, by sequence number
+  std::uint64_t p2p_calls = 0;        // point-to-point calls posted
+  std::optional<RecordedP2p> p2p;     // the newest (none yet, or changing while read)
 
   /// The newest call in `history` (nullopt when empty).
   std::optional<RecordedCall> latest() const;
@@ -45,6 +57,9 @@ struct RankRecord {
 /// layout is `l` (computed from a validated header). Entries that changed
 /// while being read are retried a few times, then left out.
 RankRecord read_rank_record(const std::byte* base, const Layout& l, int r);
+
+/// "recv from rank 0 (tag 9, 262144 float32)"
+std::string describe_p2p(const RecordedP2p& p);
 
 /// Name of a recorded call's state ("queued", "started", ...).
 const char* call_state_name(std::uint32_t state);

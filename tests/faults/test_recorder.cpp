@@ -258,3 +258,79 @@ TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder
   });
   CHECK(test::all_zero(status));
 }
+
+TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and in the dump") {
+  char tmpl[] = "/tmp/shmring-recorder-p2p-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  const char* shmrun = std::getenv("SHMRUN");
+  REQUIRE(shmrun != nullptr);
+  const bool with_status = *shmrun != '\0';
+  auto* board = static_cast<char(*)[4096]>(
+      mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(board != MAP_FAILED);
+  std::memset(board, 0, 3 * 4096);
+  const std::string job = test::unique_job_id("p2prec");
+  auto status = test::run_processes(3, [&](int r) {
+    setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
+    // Rank 2 times out first; the others, with a longer timeout, see its error.
+    Communicator comm(opts(r, 3, job, r == 2 ? kTimeoutS : 3 * kTimeoutS));
+    std::vector<float> x(1000, 1.0f);
+    if (r == 1) comm.send(x.data(), x.size(), DataType::float32, 2, 5);  // a completed send
+    if (r == 2) comm.recv(x.data(), x.size(), DataType::float32, 1, 5);
+    comm.barrier();
+    if (r == 0) {
+      // In recv from rank 1 (tag 7), which never sends: rank 2's timeout
+      // breaks the communicator and ends it.
+      try {
+        comm.recv(x.data(), x.size(), DataType::float32, 1, 7);
+        SHMRING_CHILD_CHECK(false, "rank 0: the recv must fail");
+      } catch (const Error&) {
+      }
+    } else if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      if (with_status) {
+        const std::string table =
+            capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
+        std::snprintf(board[0], 4096, "%s", table.c_str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past rank 2's timeout
+    } else {
+      // Rank 2 enters an allreduce the others never join: its timeout's
+      // message and dump show rank 0 in its recv and rank 1's last send.
+      try {
+        comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      } catch (const Error& e) {
+        std::snprintf(board[1], 4096, "%s", e.what());
+      }
+    }
+  });
+  CHECK(test::all_zero(status));
+  const std::string table = board[0];
+  INFO("shmrun --status:\n", table);
+  if (with_status) {
+    CHECK(contains(row_of(table, 0), "recv from rank 1 (tag 7, 1000 float32)"));
+    CHECK(contains(row_of(table, 0), "waits for rank 1"));
+  }
+  const std::string msg = board[1];
+  INFO("rank 2: ", msg);
+  CHECK(contains(msg, "it is in recv from rank 1 (tag 7, 1000 float32) since"));
+  std::smatch s;
+  REQUIRE(std::regex_search(msg, s, std::regex("flight recorder: (\\S+\\.json)")));
+  std::ifstream f(s[1].str());
+  const auto j = nlohmann::json::parse(f);
+  const auto& r0 = j["ranks"][0]["p2p_last"];
+  CHECK(r0["kind"] == "recv");
+  CHECK(r0["peer"] == 1);
+  CHECK(r0["tag"] == 7);
+  CHECK(r0["count"] == 1000);
+  CHECK(r0["dtype"] == "float32");
+  CHECK(r0["state"] == "started");
+  const auto& r1 = j["ranks"][1]["p2p_last"];
+  CHECK(r1["kind"] == "send");
+  CHECK(r1["peer"] == 2);
+  CHECK(r1["tag"] == 5);
+  CHECK(r1["state"] == "completed");
+  CHECK(j["ranks"][2]["p2p_last"]["kind"] == "recv");
+  fs::remove_all(dir);
+}
