@@ -135,7 +135,13 @@ class CrossNode {
   static void gloo_wait(const c10::intrusive_ptr<Work>& work);
   /// In-place allreduce of a contiguous tensor of a dtype both shmring and
   /// gloo reduce (16-bit floats are widened by the callers).
-  void allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op);
+  /// With `narrow_out` (the caller's contiguous 16-bit tensor, `buf` its
+  /// float32 copy) on the sharded path: divides each shard by `divisor`
+  /// (AVG; 0: no division), rounds it once to 16 bits and allgathers the
+  /// 16-bit shards straight into `narrow_out`, moving half the bytes in
+  /// the node; returns true then. Otherwise the result is in `buf`.
+  bool allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op,
+                      const at::Tensor& narrow_out = {}, int divisor = 0);
   /// Broadcast of `bytes` bytes at `data` from global rank `root`.
   void broadcast_bytes(void* data, std::size_t bytes, int root);
   void barrier_stages();
@@ -159,9 +165,10 @@ class CrossNode {
   c10::intrusive_ptr<BackendBase> leaders_;
   c10::intrusive_ptr<BackendBase> shard_;
   c10::intrusive_ptr<BackendBase> world_;
-  std::mutex gloo_mutex_;     // guards closing the gloo groups against send/recv
-  at::Tensor scratch_;        // float32, for 16-bit reductions (executor only)
-  at::Tensor shard_scratch_;  // bytes, the sharded allreduce's shard (executor only)
+  std::mutex gloo_mutex_;      // guards closing the gloo groups against send/recv
+  at::Tensor scratch_;         // float32, for 16-bit reductions (executor only)
+  at::Tensor shard_scratch_;   // bytes, the sharded allreduce's shard (executor only)
+  at::Tensor narrow_scratch_;  // bytes, that shard rounded to 16 bits (executor only)
 
   Completions completions_;
   std::mutex mutex_;

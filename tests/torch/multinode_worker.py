@@ -98,6 +98,20 @@ def part_rounding(rank, size):
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
         want = torch.full((3,), exact / size, dtype=torch.float64).to(dtype)
         check(torch.equal(t, want), f"{dtype} avg {t[0].item()}, expected {want[0].item()}")
+        # Large enough for the sharded path (SHMRING_TORCH_SHARD_BYTES=4096
+        # on 2x2), whose shards round to 16 bits before the node's allgather;
+        # contiguous, and a strided view (rounded after a float32 allgather).
+        for op, div in ((dist.ReduceOp.SUM, 1), (dist.ReduceOp.AVG, size)):
+            big = torch.full((2, 6000), v, dtype=dtype)
+            big[1] = -big[1] * 3
+            ref = big.double() * size
+            ref[0], ref[1] = exact, -3 * exact
+            for t in (big[:, ::2].contiguous(), big[:, ::2]):
+                dist.all_reduce(t, op=op)
+                want = (ref[:, ::2] / div).to(dtype)
+                check(torch.equal(t, want), f"{dtype} {op} {tuple(t.shape)} stride "
+                      f"{t.stride()}: {t[0, 0].item()}, {t[1, 0].item()}, expected "
+                      f"{want[0, 0].item()}, {want[1, 0].item()}")
     print("rounding ok", flush=True)
 
 
