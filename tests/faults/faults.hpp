@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "harness.hpp"
@@ -40,6 +41,11 @@ inline double median_detection(std::vector<double> latencies) {
   const double median = latencies[latencies.size() / 2];
   std::printf("median detection %.2f ms over %zu survivors\n", median * 1e3, latencies.size());
   return median;
+}
+
+/// True when `s` contains `needle` (error messages, status tables).
+inline bool contains(const std::string& s, std::string_view needle) {
+  return s.find(needle) != std::string::npos;
 }
 
 inline std::int64_t mono_ns() {

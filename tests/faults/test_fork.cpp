@@ -16,6 +16,7 @@
 #include "harness.hpp"
 
 using namespace shmring;
+using test::contains;
 
 namespace {
 
@@ -30,10 +31,6 @@ Pids* shared_pids() {
   REQUIRE(p != MAP_FAILED);
   std::memset(p, 0, sizeof(Pids));
   return static_cast<Pids*>(p);
-}
-
-bool contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
 }
 
 // Allreduces until an error: each is checked (ranks hold 10r + i).

@@ -23,6 +23,7 @@
 #include "harness.hpp"
 
 using namespace shmring;
+using test::contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -59,10 +60,6 @@ void set_env(const std::vector<std::pair<const char*, std::string>>& vars) {
                         "TORCHELASTIC_RUN_ID"})
     unsetenv(v);
   for (const auto& [k, v] : vars) setenv(k, v.c_str(), 1);
-}
-
-bool contains(const std::string& s, const char* needle) {
-  return s.find(needle) != std::string::npos;
 }
 
 // One process's outcome in a shared page: 1 = correct result, 2 = error

@@ -20,6 +20,7 @@
 #include "faults.hpp"
 
 using namespace shmring;
+using test::contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -34,10 +35,6 @@ Options opts(int r, int n, const std::string& job, double timeout = kTimeoutS) {
   o.timeout_s = timeout;
   o.threads = 1;
   return o;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // The output of `cmd` (stdout), or "" when it cannot run.

@@ -22,6 +22,7 @@
 #include "faults.hpp"
 
 using namespace shmring;
+using test::contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -42,10 +43,6 @@ Options opts(int r, int n, const std::string& job, double timeout = kTimeoutS) {
 
 double since_s(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool contains(const char* s, const std::string& needle) {
-  return std::string(s).find(needle) != std::string::npos;
 }
 
 std::string shm_path(const std::string& job) {
