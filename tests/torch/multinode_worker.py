@@ -213,6 +213,13 @@ def scenario_ops(rank, size):
 def scenario_kill(rank, size, victim):
     """The victim SIGKILLs itself in the middle of a run of allreduces; every
     other rank, on every node, raises RuntimeError naming it, quickly."""
+    # torchrun's agent polls its workers every second (tools/fake-nodes
+    # passes --monitor_interval 1) and, once it sees the victim dead, sends
+    # SIGTERM to the victim's node-mates. That race is not what this checks:
+    # the survivors on the victim's node hold SIGTERM off until they have
+    # reported (the agent waits 30 s before it sends SIGKILL).
+    if rank != victim:
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
     t = torch.ones(1 << 18)
     dist.barrier()
     died_at = None
