@@ -188,14 +188,21 @@ std::vector<std::filesystem::path> parts_of(const std::string& path, const std::
 
 /// The last rank of communicator `c` to write its part merges every rank's
 /// part into `path`; a lock file named after the job makes sure only one
-/// of two ranks finishing together does.
+/// of two ranks finishing together does. The parts are listed again under
+/// the lock: a rank that saw them all but took the lock only after another
+/// rank had merged them and let it go finds none left, and must not write
+/// an empty trace over the merged one.
 void merge_if_last(const std::string& path, const Comm& c) {
-  const auto parts = parts_of(path, c.job);
-  if (static_cast<int>(parts.size()) < c.size) return;
+  if (static_cast<int>(parts_of(path, c.job).size()) < c.size) return;
   const std::string lock = fmt::format("{}.{}.lock", path, c.job);
   const int fd = ::open(lock.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
   if (fd < 0) return;
   ::close(fd);
+  const auto parts = parts_of(path, c.job);
+  if (static_cast<int>(parts.size()) < c.size) {
+    std::remove(lock.c_str());
+    return;
+  }
   json merged = {{"traceEvents", json::array()},
                  {"displayTimeUnit", "ns"},
                  {"otherData",
