@@ -106,6 +106,12 @@ class CrossNode {
   c10::intrusive_ptr<Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag);
   c10::intrusive_ptr<Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag);
   c10::intrusive_ptr<Work> barrier();
+  /// This rank refused `op` (its arguments failed a check; the caller is
+  /// about to raise why): queues, in call order, a step that fails the
+  /// group on every rank of every node, naming this rank, instead of
+  /// leaving the peers to wait in `op` until the timeout. Thread safety: the
+  /// calling thread of the operation, as the operations themselves.
+  void refuse(const char* op) noexcept;
 
   /// Allreduces of at least this many bytes take the sharded path (when the
   /// nodes are equal): SHMRING_TORCH_SHARD_BYTES, else kShardBytes. On the

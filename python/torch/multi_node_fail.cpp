@@ -35,14 +35,51 @@ bool process_alive(int pid) {
   return state != 'Z' && state != 'X';
 }
 
+// What a refused call queues (CrossNode::refuse): the failure it causes
+// is this rank's, and its message is the one every peer should see.
+struct Refused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool is_refusal(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Refused&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
 
+void CrossNode::refuse(const char* op) noexcept {
+  const std::string what = "rank " + std::to_string(rank_) + " made an invalid call to " + op +
+                           " (refused by the torch backend; that rank's RuntimeError says why)";
+  try {
+    submit(::c10d::OpType::UNKNOWN, "shmring:refused", {}, [what] { throw Refused(what); });
+  } catch (...) {
+    // Broken or shut down already: the peers know, or wait for nothing.
+  }
+}
+
 std::exception_ptr CrossNode::fail(const std::string& op, std::exception_ptr error) {
+  const bool refused = is_refusal(error);
   const std::string mine = describe(std::move(error));
   const std::string here = "shmring backend: rank " + std::to_string(rank_) + ": " + op + ": ";
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_.empty()) broken_ = here + mine;
+  }
+  // A refusal names its rank in the store before anyone can see the group
+  // fail, so that the peers of the other nodes, who see only gloo's closed
+  // connections, can say who made the invalid call.
+  const std::string refused_key = prefix_ + "refused";
+  if (refused) {
+    try {
+      store_->set(refused_key, std::vector<std::uint8_t>(mine.begin(), mine.end()));
+    } catch (...) {
+    }
   }
   // First tell everyone: the node's ranks through the communicator, the
   // other nodes through gloo's closed connections (now, not at their
@@ -66,6 +103,23 @@ std::exception_ptr CrossNode::fail(const std::string& op, std::exception_ptr err
   try {
     store_->set(prefix_ + "reported/" + std::to_string(rank_), std::vector<std::uint8_t>{1});
   } catch (...) {
+  }
+  std::string cause;  // a peer's refusal, read back from the store
+  if (!refused) {
+    try {
+      if (store_->check({refused_key})) {
+        const auto bytes = store_->get(refused_key);
+        cause.assign(bytes.begin(), bytes.end());
+      }
+    } catch (...) {
+    }
+  }
+  if (refused || !cause.empty()) {
+    const std::string message =
+        cause.empty() ? here + mine : here + cause + " (this rank saw: " + mine + ")";
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = message;
+    return std::make_exception_ptr(std::runtime_error(message));
   }
   const std::string dead_key = prefix_ + "dead";
   std::string dead;

@@ -169,6 +169,12 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
 using pg_detail::t_launched;
 
 void ProcessGroupShmring::refuse(const char* op) noexcept {
+#if SHMRING_TORCH_GLOO
+  if (cross_) {
+    cross_->refuse(op);
+    return;
+  }
+#endif
   try {
     std::lock_guard<std::mutex> lock(call_mutex_);
     if (!comm_) return;  // shut down: no peer is waiting for this call

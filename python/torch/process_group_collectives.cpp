@@ -21,7 +21,10 @@ using namespace pg_detail;
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::AllreduceOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->allreduce(tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "allreduce");
+    return cross_->allreduce(tensors, opts);
+  }
 #endif
   static constexpr const char* kOp = "allreduce";
   Refusal refusal(*this, kOp);
@@ -39,7 +42,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>&
 c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->allreduce_coalesced(tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "allreduce_coalesced");
+    return cross_->allreduce_coalesced(tensors, opts);
+  }
 #endif
   static constexpr const char* kOp = "allreduce_coalesced";
   Refusal refusal(*this, kOp);
@@ -73,7 +79,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
 c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>& tensors,
                                                         const ::c10d::BroadcastOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->broadcast(tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "broadcast");
+    return cross_->broadcast(tensors, opts);
+  }
 #endif
   static constexpr const char* kOp = "broadcast";
   Refusal refusal(*this, kOp);
@@ -90,7 +99,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>&
 c10::intrusive_ptr<Work> ProcessGroupShmring::reduce(std::vector<at::Tensor>& tensors,
                                                      const ::c10d::ReduceOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->reduce(tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "reduce");
+    return cross_->reduce(tensors, opts);
+  }
 #endif
   static constexpr const char* kOp = "reduce";
   Refusal refusal(*this, kOp);
@@ -112,7 +124,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const ::c10d::AllgatherOptions& /*opts*/) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->allgather(output_tensors, input_tensors);
+  if (cross_) {
+    Refusal refusal(*this, "allgather");
+    return cross_->allgather(output_tensors, input_tensors);
+  }
 #endif
   static constexpr const char* kOp = "allgather";
   Refusal refusal(*this, kOp);
@@ -154,7 +169,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
 c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::AllgatherOptions& /*opts*/) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->allgather_base(output_buffer, input_buffer);
+  if (cross_) {
+    Refusal refusal(*this, "_allgather_base");
+    return cross_->allgather_base(output_buffer, input_buffer);
+  }
 #endif
   static constexpr const char* kOp = "_allgather_base";
   Refusal refusal(*this, kOp);
@@ -175,7 +193,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
     std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
     const ::c10d::ReduceScatterOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->reduce_scatter(output_tensors, input_tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "reduce_scatter");
+    return cross_->reduce_scatter(output_tensors, input_tensors, opts);
+  }
 #endif
   static constexpr const char* kOp = "reduce_scatter";
   Refusal refusal(*this, kOp);
@@ -213,7 +234,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
 c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, const ::c10d::ReduceScatterOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->reduce_scatter_base(output_buffer, input_buffer, opts);
+  if (cross_) {
+    Refusal refusal(*this, "_reduce_scatter_base");
+    return cross_->reduce_scatter_base(output_buffer, input_buffer, opts);
+  }
 #endif
   static constexpr const char* kOp = "_reduce_scatter_base";
   Refusal refusal(*this, kOp);
@@ -251,7 +275,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
     std::vector<std::vector<at::Tensor>>& output_tensors, std::vector<at::Tensor>& input_tensors,
     const ::c10d::GatherOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->gather(output_tensors, input_tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "gather");
+    return cross_->gather(output_tensors, input_tensors, opts);
+  }
 #endif
   Refusal refusal(*this, "gather");
   static constexpr const char* kOp = "gather";
@@ -287,7 +314,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
     std::vector<at::Tensor>& output_tensors, std::vector<std::vector<at::Tensor>>& input_tensors,
     const ::c10d::ScatterOptions& opts) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->scatter(output_tensors, input_tensors, opts);
+  if (cross_) {
+    Refusal refusal(*this, "scatter");
+    return cross_->scatter(output_tensors, input_tensors, opts);
+  }
 #endif
   Refusal refusal(*this, "scatter");
   static constexpr const char* kOp = "scatter";
@@ -324,9 +354,11 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
     at::Tensor& output_buffer, at::Tensor& input_buffer, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const ::c10d::AllToAllOptions& /*opts*/) {
 #if SHMRING_TORCH_GLOO
-  if (cross_)
+  if (cross_) {
+    Refusal refusal(*this, "all_to_all_single");
     return cross_->alltoall_base(output_buffer, input_buffer, output_split_sizes,
                                  input_split_sizes);
+  }
 #endif
   Refusal refusal(*this, "alltoall_base");
   static constexpr const char* kOp = "all_to_all_single";
@@ -368,7 +400,10 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
                                                        std::vector<at::Tensor>& input_tensors,
                                                        const ::c10d::AllToAllOptions& /*opts*/) {
 #if SHMRING_TORCH_GLOO
-  if (cross_) return cross_->alltoall(output_tensors, input_tensors);
+  if (cross_) {
+    Refusal refusal(*this, "all_to_all");
+    return cross_->alltoall(output_tensors, input_tensors);
+  }
 #endif
   Refusal refusal(*this, "alltoall");
   static constexpr const char* kOp = "all_to_all";

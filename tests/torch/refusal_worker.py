@@ -114,6 +114,45 @@ def scenario_one_rank(rank, size):
     print("one_rank ok", flush=True)
 
 
+def scenario_one_rank_hosts(rank, size):
+    """As one_rank, on a group across two hosts (rank 1 alone on its own):
+    the refusal reaches the other host's ranks too, through the store and
+    gloo, not only the refusing rank's node-mates through shmring. Each
+    case runs twice: refused by rank 1 (alone on its host), then by rank 2
+    (beside rank 0)."""
+    hosts = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname())
+    check(hosts[0] == hosts[2] != hosts[1], f"hosts {hosts}")
+    for bad_rank in (1, 2):
+        for name in ("band", "dtype", "allgather_list", "broadcast_root", "reduce_scatter_base"):
+            bad, good, words = cases(rank, size)[name]
+            g = dist.new_group(list(range(size)))
+            report_job(g)
+            if rank == bad_rank:
+                timed(lambda: bad(g), *words)
+            else:
+                # A rank whose part of the call needs nothing of the
+                # refusing rank (a broadcast's node-mates of the root) may
+                # complete it; every other rank raises at once.
+                t0 = time.monotonic()
+                try:
+                    good(g)
+                except RuntimeError as e:
+                    check(f"rank {bad_rank} made an invalid call" in str(e),
+                          f"the error does not name rank {bad_rank}'s invalid call: {e}")
+                check(time.monotonic() - t0 < FAST_S, f"{name}: not within {FAST_S} s")
+            # From the next call on, the group is broken on every rank alike.
+            timed(lambda: dist.all_reduce(torch.ones(2), group=g),
+                  f"rank {bad_rank} made an invalid call")
+            dist.destroy_process_group(g)
+            print(f"{name} refused by rank {bad_rank} ok", flush=True)
+    t = values(rank, 10, "SUM", torch.float32)
+    dist.all_reduce(t)
+    check(torch.equal(t, sum(values(r, 10, "SUM", torch.float32) for r in range(size))),
+          "default group after the refusals")
+    print("one_rank_hosts ok", flush=True)
+
+
 def main():
     scenario, rank, size, init_method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4]

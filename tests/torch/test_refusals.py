@@ -56,3 +56,17 @@ def test_group_across_two_hosts_works(tmp):
     assert_all_ok(results)
     for _, out in results:
         assert "shmring-elsewhere" in out
+
+
+@pytest.mark.skipif(not can_unshare_uts(), reason="needs unshare --uts (root or user namespaces)")
+def test_refused_on_one_rank_fails_fast_across_hosts(tmp):
+    """A group over two hosts (rank 1 alone on the second): a call refused
+    by one rank is an error naming it on every rank of both hosts, within
+    seconds, whether the refusing rank is alone on its host or not."""
+    def other_host(cmd):
+        return ["unshare", "--uts", "sh", "-c", 'hostname shmring-elsewhere && exec "$@"', "sh"] \
+            + cmd
+    results = finish_job(start("one_rank_hosts", 3, tmp, wrap={1: other_host}))
+    assert_all_ok(results)
+    for _, out in results:
+        assert "one_rank_hosts ok" in out
