@@ -61,6 +61,18 @@ struct Settings {
   bool split_skew = true;  // a barrier before each allreduce separates skew from data time
 };
 
+/// This thread's time runnable but waiting for a CPU so far, in ns (the
+/// second field of /proc/thread-self/schedstat: run-queue delay); -1 where
+/// the kernel does not keep it.
+std::int64_t run_queue_delay_ns() {
+  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (f == nullptr) return -1;
+  unsigned long long on_cpu = 0, waiting = 0;
+  const int got = std::fscanf(f, "%llu %llu", &on_cpu, &waiting);
+  std::fclose(f);
+  return got == 2 ? static_cast<std::int64_t>(waiting) : -1;
+}
+
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -173,6 +185,12 @@ int train(shmring::Communicator& comm, const Settings& s) {
         world, model.in(), model.hidden(), model.out(), n_params, n_train, n_test, s.batch, world,
         s.accum, micro, steps_per_epoch, s.lr, s.cosine ? "cosine decay" : "constant", s.momentum,
         s.seed);
+  if (lead && comm.config().oversubscribed)
+    fmt::print(
+        "train_mlp: {} ranks on {} CPU(s): the ranks outnumber the CPUs, so a rank still in an "
+        "allreduce can wait for a CPU that a peer's compute holds (the 'runnable but not running' "
+        "part below; docs/guide/tuning.md, \"Oversubscription\")\n",
+        world, comm.config().job_cpus);
 
   std::vector<std::uint32_t> order(train_set.size());
   std::iota(order.begin(), order.end(), 0u);
@@ -199,6 +217,8 @@ int train(shmring::Communicator& comm, const Settings& s) {
     // from the last rank's exit: a rank that the barrier wakes late would
     // otherwise bill its wake-up to the others' data time.
     std::vector<std::int64_t> t_start_ns, t_end_ns;
+    // Per step: this rank's run-queue delay during its allreduce (us).
+    std::vector<double> cpu_wait_us;
     const auto t_epoch = Clock::now();
     for (std::size_t g = 0; g < steps_per_epoch && (s.max_steps == 0 || step < s.max_steps);
          ++g, ++step) {
@@ -221,9 +241,12 @@ int train(shmring::Communicator& comm, const Settings& s) {
       // its compute ran longer), so that t1..t2 is the data moving alone.
       const auto t_arrive = Clock::now();
       if (s.split_skew) comm.barrier();
+      const std::int64_t delay0 = run_queue_delay_ns();
       const auto t1 = Clock::now();
       comm.allreduce(std::span<float>(step_buf), shmring::ReduceOp::sum);
       const auto t2 = Clock::now();
+      const std::int64_t delay1 = run_queue_delay_ns();
+      if (delay0 >= 0 && delay1 >= 0) cpu_wait_us.push_back(double(delay1 - delay0) / 1e3);
       skew_time += t1 - t_arrive;
       t_start_ns.push_back(
           std::chrono::duration_cast<std::chrono::nanoseconds>(t1.time_since_epoch()).count());
@@ -276,10 +299,11 @@ int train(shmring::Communicator& comm, const Settings& s) {
     auto median = [](const std::vector<double>& v) {
       return v.empty() ? 0.0 : v[(v.size() - 1) / 2];
     };
-    double parts[4] = {seconds(skew_time) * 1e6 / nsteps, median(data_us),
+    std::sort(cpu_wait_us.begin(), cpu_wait_us.end());
+    double parts[5] = {seconds(skew_time) * 1e6 / nsteps, median(data_us),
                        std::accumulate(data_us.begin(), data_us.end(), 0.0) / nsteps,
-                       median(own_us)};
-    comm.allreduce(std::span<double>(parts, 4), shmring::ReduceOp::max);
+                       median(own_us), cpu_wait_us.empty() ? -1.0 : median(cpu_wait_us)};
+    comm.allreduce(std::span<double>(parts, 5), shmring::ReduceOp::max);
     const double own_share =
         step_time.count() > 0 ? seconds(allreduce_time + skew_time) / seconds(step_time) : 0.0;
     double share_min = own_share, share_max = own_share;
@@ -300,6 +324,12 @@ int train(shmring::Communicator& comm, const Settings& s) {
           "moving data {:.1f} us median / {:.1f} us mean once the last rank left the barrier, "
           "{:.1f} us median from its own exit (worst rank)\n",
           step_buf.size() * sizeof(float), parts[0], parts[1], parts[2], parts[3]);
+    if (lead && samples > 0 && s.split_skew && parts[4] >= 0)
+      fmt::print(
+          "           of the allreduce's time, runnable but not running (yielding to a peer, or "
+          "waiting for a CPU a peer holds): {:.1f} us median (worst rank; "
+          "/proc/thread-self/schedstat)\n",
+          parts[4]);
     std::fflush(stdout);
   }
 
