@@ -20,8 +20,8 @@
 
 #include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring::algo {
 
@@ -29,11 +29,11 @@ namespace {
 std::size_t slices_for(std::size_t count, std::size_t slice_elems) {
   return std::max<std::size_t>(1, count / slice_elems + (count % slice_elems != 0 ? 1 : 0));
 }
-void write_token(Communicator::Impl& c) {
+void write_token(CommState& c) {
   c.acquire_send_slot();
   c.publish_send();
 }
-void read_token(Communicator::Impl& c) {
+void read_token(CommState& c) {
   c.wait_recv_slot();
   c.release_recv();
 }
@@ -41,14 +41,13 @@ void read_token(Communicator::Impl& c) {
 // that agree on a root that others disagree with would return its data.
 // Every rank's descriptor is checked at the end (each was announced at its
 // rank's start, so the wait is short): a mismatch fails every rank.
-void check_every_rank(Communicator::Impl& c) {
+void check_every_rank(CommState& c) {
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_announced(q);
 }
 }  // namespace
 
-void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
-                     int root) {
+void broadcast_chain(CommState& c, void* buffer, std::size_t count, DataType dtype, int root) {
   const int n = c.size;
   const int pos = detail::ring_mod(c.rank - root, n);
   const std::size_t es = datatype_size(dtype);
@@ -81,8 +80,8 @@ void broadcast_chain(Communicator::Impl& c, void* buffer, std::size_t count, Dat
   check_every_rank(c);
 }
 
-void reduce_chain(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                  DataType dtype, ReduceOp op, int root) {
+void reduce_chain(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                  ReduceOp op, int root) {
   const int n = c.size;
   const int pos = detail::ring_mod(c.rank - root, n);
   const std::size_t es = datatype_size(dtype);

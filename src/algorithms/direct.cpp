@@ -33,31 +33,31 @@
 
 #include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring::algo {
 
 namespace {
 
-void wait_all(Communicator::Impl& c) {
+void wait_all(CommState& c) {
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_announced(q);
 }
 
-const std::byte* buffer_of(Communicator::Impl& c, int q) {
+const std::byte* buffer_of(CommState& c, int q) {
   return c.seg->direct(q, c.collectives % detail::kDirectBuffers);
 }
 
 // out[i] = op over ranks q of (buffer q + offset)[i], in rank order.
-void reduce_all(Communicator::Impl& c, std::byte* out, std::size_t offset_bytes, std::size_t m,
+void reduce_all(CommState& c, std::byte* out, std::size_t offset_bytes, std::size_t m,
                 DataType dtype, ReduceOp op) {
   reduce_in_rank_order(
       c, out, [&c, offset_bytes](int q) { return buffer_of(c, q) + offset_bytes; }, c.size, m,
       dtype, op);
 }
 
-void publish_data(Communicator::Impl& c, const void* data, std::size_t bytes) {
+void publish_data(CommState& c, const void* data, std::size_t bytes) {
   std::byte* mine = c.acquire_direct_buffer();
   if (bytes > 0) c.copy(mine, data, bytes);
   c.announce();
@@ -65,16 +65,16 @@ void publish_data(Communicator::Impl& c, const void* data, std::size_t bytes) {
 
 }  // namespace
 
-void allreduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                      DataType dtype, ReduceOp op) {
+void allreduce_direct(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                      ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);
   wait_all(c);
   if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
 }
 
-void reduce_scatter_direct(Communicator::Impl& c, const void* send, void* recv,
-                           std::size_t recv_count, DataType dtype, ReduceOp op) {
+void reduce_scatter_direct(CommState& c, const void* send, void* recv, std::size_t recv_count,
+                           DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, static_cast<std::size_t>(c.size) * recv_count * es);
   wait_all(c);
@@ -83,7 +83,7 @@ void reduce_scatter_direct(Communicator::Impl& c, const void* send, void* recv,
                recv_count, dtype, op);
 }
 
-void allgather_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+void allgather_direct(CommState& c, const void* send, void* recv, std::size_t send_count,
                       DataType dtype) {
   const std::size_t bytes = send_count * datatype_size(dtype);
   publish_data(c, send, bytes);
@@ -95,8 +95,7 @@ void allgather_direct(Communicator::Impl& c, const void* send, void* recv, std::
   }
 }
 
-void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,
-                      int root) {
+void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dtype, int root) {
   const std::size_t bytes = count * datatype_size(dtype);
   if (c.rank == root) {
     publish_data(c, buffer, bytes);
@@ -111,8 +110,8 @@ void broadcast_direct(Communicator::Impl& c, void* buffer, std::size_t count, Da
   }
 }
 
-void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                   DataType dtype, ReduceOp op, int root) {
+void reduce_direct(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                   ReduceOp op, int root) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);
   if (c.rank == root) {
@@ -123,7 +122,7 @@ void reduce_direct(Communicator::Impl& c, const void* send, void* recv, std::siz
   }
 }
 
-void barrier_direct(Communicator::Impl& c) {
+void barrier_direct(CommState& c) {
   c.acquire_direct_buffer();
   c.announce();
   wait_all(c);
@@ -143,7 +142,7 @@ void barrier_direct(Communicator::Impl& c) {
 // synchronisation: it pays from a few ranks and mid sizes on (docs/design/protocols.md, "Small
 // messages"). The buffers are recycled exactly as the one-shot path's.
 
-void allreduce_two_shot(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void allreduce_two_shot(CommState& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);

@@ -50,8 +50,8 @@
 #include <cstring>
 
 #include "algorithms/algorithms.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring {
 
@@ -70,12 +70,12 @@ std::uint32_t pack(const CollectiveDesc& d) {
 
 }  // namespace
 
-detail::LowLatencyLine& Communicator::Impl::acquire_low_latency_line() {
+detail::LowLatencyLine& CommState::acquire_low_latency_line() {
   if (low_latency.read != collectives) acquire_direct_buffer();  // done(q) >= c-1 for all q
   return my_area().low_latency[collectives % 2];
 }
 
-const detail::LowLatencyLine& Communicator::Impl::wait_low_latency(int peer) {
+const detail::LowLatencyLine& CommState::wait_low_latency(int peer) {
   const detail::LowLatencyLine& line = area(peer).low_latency[collectives % 2];
   const std::uint64_t want = collectives + 1;
   auto ready = [&] { return line.seq.load(std::memory_order_acquire) == want; };
@@ -134,7 +134,7 @@ namespace algo {
 
 namespace {
 
-detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, std::size_t bytes) {
+detail::LowLatencyLine& publish_line(CommState& c, const void* data, std::size_t bytes) {
   detail::LowLatencyLine& line = c.acquire_low_latency_line();
   const CollectiveDesc& d = *c.current;
   line.count.store(line_count(d), std::memory_order_relaxed);
@@ -149,7 +149,7 @@ detail::LowLatencyLine& publish_line(Communicator::Impl& c, const void* data, st
   return line;
 }
 
-void wait_all_lines(Communicator::Impl& c) {
+void wait_all_lines(CommState& c) {
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_low_latency(q);
   c.low_latency.read = c.collectives + 1;
@@ -158,7 +158,7 @@ void wait_all_lines(Communicator::Impl& c) {
 
 }  // namespace
 
-void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void allreduce_low_latency(CommState& c, const void* send, void* recv, std::size_t count,
                            DataType dtype, ReduceOp op) {
   const std::size_t bytes = count * datatype_size(dtype);
   publish_line(c, send, bytes);
@@ -184,7 +184,7 @@ void allreduce_low_latency(Communicator::Impl& c, const void* send, void* recv, 
       c.size, count, dtype, op);
 }
 
-void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void allgather_low_latency(CommState& c, const void* send, void* recv, std::size_t count,
                            DataType dtype) {
   const std::size_t bytes = count * datatype_size(dtype);
   publish_line(c, send, bytes);
@@ -198,7 +198,7 @@ void allgather_low_latency(Communicator::Impl& c, const void* send, void* recv, 
     if (q != c.rank) std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data, bytes);
 }
 
-void alltoall_low_latency(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void alltoall_low_latency(CommState& c, const void* send, void* recv, std::size_t count,
                           DataType dtype) {
   // The line carries our whole send buffer; each peer takes its block.
   const std::size_t bytes = count * datatype_size(dtype);
@@ -223,7 +223,7 @@ std::uint64_t alltoallv_line_word(int rank, const VectorArgs& v) {
   return zero_to_one | one_to_zero << 32;
 }
 
-void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+void alltoallv_low_latency(CommState& c, const void* send, void* recv, const VectorArgs& v,
                            DataType dtype) {
   const std::size_t es = datatype_size(dtype);
   const int me = c.rank, peer = 1 - me;
@@ -240,8 +240,8 @@ void alltoallv_low_latency(Communicator::Impl& c, const void* send, void* recv, 
                 from_peer);
 }
 
-void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
-                            const VectorArgs& v, DataType dtype) {
+void allgatherv_low_latency(CommState& c, const void* send, void* recv, const VectorArgs& v,
+                            DataType dtype) {
   const std::size_t es = datatype_size(dtype);
   const std::size_t bytes = v.recv_counts[c.rank] * es;
   publish_line(c, send, bytes);
@@ -256,7 +256,7 @@ void allgatherv_low_latency(Communicator::Impl& c, const void* send, void* recv,
                   v.recv_counts[q] * es);
 }
 
-void barrier_low_latency(Communicator::Impl& c) {
+void barrier_low_latency(CommState& c) {
   publish_line(c, nullptr, 0);
   wait_all_lines(c);
 }

@@ -40,8 +40,8 @@
 
 #include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring::algo {
 
@@ -51,7 +51,7 @@ using detail::Range;
 using detail::ring_mod;
 
 struct RingPass {
-  Communicator::Impl& c;
+  CommState& c;
   int n, r;
   std::size_t esize;
   std::size_t slice_elems;
@@ -141,8 +141,8 @@ std::size_t rounds_for(const RingPass& p, std::size_t largest_chunk) {
 
 }  // namespace
 
-void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                    DataType dtype, ReduceOp op) {
+void allreduce_ring(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                    ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   RingPass p{c,
              c.size,
@@ -160,8 +160,8 @@ void allreduce_ring(Communicator::Impl& c, const void* send, void* recv, std::si
   }
 }
 
-void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
-                         std::size_t recv_count, DataType dtype, ReduceOp op) {
+void reduce_scatter_ring(CommState& c, const void* send, void* recv, std::size_t recv_count,
+                         DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   RingPass p{c,
              c.size,
@@ -177,7 +177,7 @@ void reduce_scatter_ring(Communicator::Impl& c, const void* send, void* recv,
                            dtype, op, /*forward=*/false);
 }
 
-void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::size_t send_count,
+void allgather_ring(CommState& c, const void* send, void* recv, std::size_t send_count,
                     DataType dtype) {
   const std::size_t es = datatype_size(dtype);
   RingPass p{c, c.size, c.rank, es, c.config.slice_bytes / es, [send_count](int k) {
@@ -189,7 +189,7 @@ void allgather_ring(Communicator::Impl& c, const void* send, void* recv, std::si
                       /*first_done=*/false);
 }
 
-void allgatherv_ring(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+void allgatherv_ring(CommState& c, const void* send, void* recv, const VectorArgs& v,
                      DataType dtype) {
   // The slicing of a chunk follows only its count, which every rank passes
   // alike (the descriptor's vhash, check_descriptor); where a block sits in

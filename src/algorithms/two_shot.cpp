@@ -45,8 +45,8 @@
 
 #include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring::algo {
 
@@ -63,8 +63,8 @@ Piece piece_of(std::size_t count, std::size_t piece_elems, std::uint64_t j) {
 
 }  // namespace
 
-void allreduce_two_shot_rounds(Communicator::Impl& c, const void* send, void* recv,
-                               std::size_t count, DataType dtype, ReduceOp op) {
+void allreduce_two_shot_rounds(CommState& c, const void* send, void* recv, std::size_t count,
+                               DataType dtype, ReduceOp op) {
   const int n = c.size, me = c.rank;
   const std::size_t es = datatype_size(dtype);
   const std::size_t half_bytes = c.seg->slots() * c.seg->slot_bytes() / 2;

@@ -13,7 +13,7 @@
 
 #include "base/log.hpp"
 #include "base/placement.hpp"
-#include "core/comm.hpp"
+#include "core/state.hpp"
 
 namespace shmring {
 
@@ -67,7 +67,7 @@ const char* to_string(CollectiveKind k) {
   return "unknown";
 }
 
-std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
+std::string CommState::describe(const CollectiveDesc& d) const {
   if (d.kind == CollectiveKind::invalid) return "an invalid call (rejected its arguments)";
   if (d.kind == CollectiveKind::barrier) return "barrier()";
   if (d.kind == CollectiveKind::alltoallv || d.kind == CollectiveKind::allgatherv)
@@ -84,8 +84,8 @@ std::string Communicator::Impl::describe(const CollectiveDesc& d) const {
   return s + ")";
 }
 
-void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_point deadline,
-                                        const detail::Counter& counter, std::uint64_t target) {
+void CommState::check_progress(int peer, const char* what, Clock::time_point deadline,
+                               const detail::Counter& counter, std::uint64_t target) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   std::string where = current
                           ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
@@ -117,7 +117,7 @@ void Communicator::Impl::check_progress(int peer, const char* what, Clock::time_
   }
 }
 
-bool Communicator::Impl::keep_off_cpu_of(int peer) {
+bool CommState::keep_off_cpu_of(int peer) {
   int cpu = detail::current_cpu();
   if (cpu != published_cpu) {
     my_area().info.cpu.store(cpu, std::memory_order_relaxed);
@@ -149,7 +149,7 @@ bool Communicator::Impl::keep_off_cpu_of(int peer) {
   return !stacked;
 }
 
-detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
+detail::WaitPolicy CommState::policy_for(int peer) {
   detail::WaitPolicy policy = base_policy();
   // Spin 0 (apply_placement, base_policy): yield, then sleep.
   if (config.oversubscribed || crowded_by_job()) return policy;
@@ -179,7 +179,7 @@ detail::WaitPolicy Communicator::Impl::policy_for(int peer) {
   return policy;
 }
 
-std::string Communicator::Impl::with_diagnosis(std::string msg) {
+std::string CommState::with_diagnosis(std::string msg) {
   // The first rank to see the stall speaks for the job (a later one finds
   // the abort word set and rethrows the first error instead).
   if (rec_n == 0) return msg;
@@ -189,8 +189,8 @@ std::string Communicator::Impl::with_diagnosis(std::string msg) {
   return msg;
 }
 
-void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
-                                      const char* what) {
+void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
+                             const char* what) {
   if (counter.value.load(std::memory_order_acquire) >= target) return;
   // A wait that outlasts the spin and yield phases is timed from its first
   // slow check on (stats() wait_ns), and the recorder head tells `shmrun
@@ -199,7 +199,7 @@ void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t ta
   // 0.6 us allreduce at N=2 (docs/design/recorder.md).
   std::uint64_t t0 = 0;
   struct Done {
-    Impl& c;
+    CommState& c;
     const std::uint64_t& t0;
     ~Done() {
       if (t0 == 0) return;
@@ -226,12 +226,12 @@ void Communicator::Impl::wait_counter(detail::Counter& counter, std::uint64_t ta
   });
 }
 
-std::string Communicator::Impl::unusable_message() const {
+std::string CommState::unusable_message() const {
   return fmt::format("rank {}: communicator is unusable after an earlier error: {}", rank,
                      broken.value_or("unknown"));
 }
 
-void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
+void CommState::rethrow_abort(const detail::AbortInfo& a) {
   // A rank's first error carries the job's first error (its class and its
   // words); every later one reads "unusable after an earlier error" on every
   // rank alike, whichever error this rank saw first.
@@ -248,7 +248,7 @@ void Communicator::Impl::rethrow_abort(const detail::AbortInfo& a) {
   throw_error(static_cast<ErrorCode>(a.code), a.reason);
 }
 
-void Communicator::Impl::check_owner() const {
+void CommState::check_owner() const {
   if (!seg->forked_away()) return;
   throw InvalidArgumentError(fmt::format(
       "rank {} (forked child pid {}): this communicator belongs to process {} (rank {}); a forked "
@@ -256,7 +256,7 @@ void Communicator::Impl::check_owner() const {
       rank, getpid(), seg->owner_pid(), rank));
 }
 
-void Communicator::Impl::begin(const CollectiveDesc& d) {
+void CommState::begin(const CollectiveDesc& d) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
@@ -283,16 +283,16 @@ void Communicator::Impl::begin(const CollectiveDesc& d) {
   if (d.algorithm == Algorithm::ring) announce();
 }
 
-void Communicator::Impl::announce() {
+void CommState::announce() {
   publish(my_area().announced, collectives + 1);
 }
 
-void Communicator::Impl::wait_announced(int peer) {
+void CommState::wait_announced(int peer) {
   wait_counter(area(peer).announced, collectives + 1, peer, "the start of the collective");
   check_descriptor(peer);
 }
 
-std::byte* Communicator::Impl::acquire_direct_buffer() {
+std::byte* CommState::acquire_direct_buffer() {
   // Buffer (c mod 2) was last read in collective c-2: every rank must have
   // finished that one.
   // A staged collective (staged.cpp) used both buffers: wait until every
@@ -307,14 +307,14 @@ std::byte* Communicator::Impl::acquire_direct_buffer() {
   return seg->direct(rank, collectives % detail::kDirectBuffers);
 }
 
-void Communicator::Impl::fail_recv_counts(int peer) {
+void CommState::fail_recv_counts(int peer) {
   fail(MismatchError(fmt::format(
       "rank {}: collective mismatch in collective #{} {}: rank {} passed different recv_counts; "
       "every rank must pass the same recv_counts",
       rank, collectives, describe(*current), peer)));
 }
 
-void Communicator::Impl::check_descriptor(int peer) {
+void CommState::check_descriptor(int peer) {
   // A peer runs at most K slots, 2 direct buffers or 32 eager-ring calls ahead, fewer than
   // kDescRing collectives: entry c is still ours to read. A torn read or a
   // different seq means the peer is in another collective: a mismatch too.
@@ -383,23 +383,14 @@ void Communicator::Impl::check_descriptor(int peer) {
       rank, rank, collectives, describe(mine), peer, their_call)));
 }
 
-void Communicator::Impl::end() {
+std::uint64_t CommState::end() {
   if (pending.at_end) pending.at_end(*this);
   if (size > 1) publish(my_area().done, collectives + 1);
+  std::uint64_t now = 0;
   if (current) {
-    // After `done`: the peers need not wait for the bookkeeping.
-    const std::uint64_t now = call_clock.now();
-    const auto k = static_cast<std::size_t>(current->kind);
-    if (k < kind_stats.size()) {
-      auto& s = kind_stats[k];
-      s.calls.store(s.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      s.bytes.store(s.bytes.load(std::memory_order_relaxed) + current_bytes,
-                    std::memory_order_relaxed);
-      s.time_ns.store(s.time_ns.load(std::memory_order_relaxed) + (now - call_start_ns),
-                      std::memory_order_relaxed);
-      s.wait_ns.store(s.wait_ns.load(std::memory_order_relaxed) + call_wait_ns,
-                      std::memory_order_relaxed);
-    }
+    // After `done`: the peers need not wait for the bookkeeping. stats()
+    // is booked by Impl::run (engine.cpp) from the same reading.
+    now = call_clock.now();
     if (trace) trace_call(now, false);
     if (rec_n != 0) {
       detail::recorder_end_call(rec_entry(collectives), detail::kCallCompleted, now, step);
@@ -413,9 +404,10 @@ void Communicator::Impl::end() {
   completed.store(collectives, std::memory_order_relaxed);
   current.reset();
   step = -1;
+  return now;
 }
 
-void Communicator::Impl::trace_call(std::uint64_t end_ns, bool failed) {
+void CommState::trace_call(std::uint64_t end_ns, bool failed) {
   detail::TraceSpan s;
   s.desc = *current;
   s.seq = collectives;
@@ -428,7 +420,7 @@ void Communicator::Impl::trace_call(std::uint64_t end_ns, bool failed) {
   trace->add(s);
 }
 
-void Communicator::Impl::record_failure() {
+void CommState::record_failure() {
   if (trace && current && call_start_ns != 0) {
     trace_call(call_clock.now(), true);
     call_start_ns = 0;  // one span per call, however many failure paths see it
@@ -441,7 +433,7 @@ void Communicator::Impl::record_failure() {
   detail::recorder_end_call(e, detail::kCallFailed, call_clock.now(), step);
 }
 
-void Communicator::Impl::init_recorder() {
+void CommState::init_recorder() {
   rec_head = seg->recorder(rank);
   if (rec_head == nullptr) return;
   rec_entries = reinterpret_cast<detail::RecorderEntry*>(rec_head + 1);
@@ -457,7 +449,7 @@ void Communicator::Impl::init_recorder() {
   rec_head->start_ns.store(mono, std::memory_order_release);
 }
 
-void Communicator::Impl::fail(const Error& e) {
+void CommState::fail(const Error& e) {
   record_failure();
   bool won = detail::raise_abort(*seg, size, static_cast<std::uint32_t>(e.code()), rank, e.what());
   auto a = detail::read_abort(seg->header());
@@ -469,8 +461,8 @@ void Communicator::Impl::fail(const Error& e) {
   throw_error(e.code(), e.what(), e.sys_errno());
 }
 
-std::string Communicator::Impl::invalid_call_message(int peer, std::uint64_t coll,
-                                                     const CollectiveDesc& mine) {
+std::string CommState::invalid_call_message(int peer, std::uint64_t coll,
+                                            const CollectiveDesc& mine) {
   // The refusal's seqlock (layout.hpp, Refusal): a text read between two
   // equal loads of seq = coll + 1 is the reason of this very call.
   const detail::Refusal& r = area(peer).refusal;
@@ -493,7 +485,7 @@ std::string Communicator::Impl::invalid_call_message(int peer, std::uint64_t col
       reason.empty() ? std::string("; its own error says why") : ": " + reason);
 }
 
-void Communicator::Impl::publish_rejected(const std::string& reason) {
+void CommState::publish_rejected(const std::string& reason) {
   if (broken) return;  // the peers hear of the first error instead
   // Peers that called this collective correctly must not wait for us: our
   // descriptor says "invalid call", which they report as a mismatch naming

@@ -18,7 +18,7 @@
 
 #include "base/log.hpp"
 #include "base/settings.hpp"
-#include "core/comm.hpp"
+#include "core/state.hpp"
 #include "transport/recorder_read.hpp"
 
 namespace shmring {
@@ -45,7 +45,7 @@ double secs(std::uint64_t now, std::uint64_t then) {
 
 }  // namespace
 
-std::string Communicator::Impl::job_summary() {
+std::string CommState::job_summary() {
   const std::uint64_t now = detail::mono_ns();
   const std::uint64_t c = collectives;
   const std::string mine =
@@ -85,7 +85,7 @@ std::string Communicator::Impl::job_summary() {
   return out;
 }
 
-std::string Communicator::Impl::dump_recorders(const std::string& reason) {
+std::string CommState::dump_recorders(const std::string& reason) {
   const std::optional<std::string> dir_setting = detail::settings::text("SHMRING_DUMP_DIR");
   if (!dir_setting || dir_setting->empty()) return "";
   const char* dir = dir_setting->c_str();

@@ -2,15 +2,15 @@
 
 #include <cstring>
 
-#include "core/comm.hpp"
 #include "core/parallel.hpp"
+#include "core/state.hpp"
 #include "kernels/copy.hpp"
 #include "kernels/reduce.hpp"
 
 namespace shmring {
 
-void Communicator::Impl::reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt,
-                                ReduceOp op, int divisor) {
+void CommState::reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt,
+                       ReduceOp op, int divisor) {
   const std::size_t es = datatype_size(dt);
   detail::for_grains(arena.get(), n, es, [&](std::size_t i, std::size_t k) {
     detail::reduce(static_cast<std::byte*>(dst) + i * es, static_cast<const std::byte*>(a) + i * es,
@@ -18,7 +18,7 @@ void Communicator::Impl::reduce(void* dst, const void* a, const void* b, std::si
   });
 }
 
-void Communicator::Impl::copy(void* dst, const void* src, std::size_t bytes) {
+void CommState::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
@@ -26,7 +26,7 @@ void Communicator::Impl::copy(void* dst, const void* src, std::size_t bytes) {
                      [&](std::size_t i, std::size_t n) { std::memcpy(d + i, s + i, n); });
 }
 
-void Communicator::Impl::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
+void CommState::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
   // On the 2-core Zen 4 VM (N=2, 256 KiB slots), streaming slices of 32-128
   // KiB cut the time by 20-30%; below 16 KiB the reader's trip to memory
   // costs more than a cross-core snoop, and from 256 KiB the slots overflow

@@ -1,7 +1,7 @@
 #pragma once
 
 // One rank's share of a kernel, split over the rank's oneTBB arena: the one
-// rule for when splitting pays, used by Communicator::Impl::reduce/copy
+// rule for when splitting pays, used by CommState::reduce/copy
 // (parallel.cpp) and the reduction steps (reduce_steps.cpp).
 
 #include <tbb/blocked_range.h>

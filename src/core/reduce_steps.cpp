@@ -17,7 +17,7 @@ namespace {
 constexpr std::size_t kBlockElems = 2048;
 
 template <class F>
-void for_grains(Communicator::Impl& c, std::size_t m, std::size_t elem_bytes, F f) {
+void for_grains(CommState& c, std::size_t m, std::size_t elem_bytes, F f) {
   detail::for_grains(c.arena.get(), m, elem_bytes, f);
 }
 
@@ -31,7 +31,7 @@ std::size_t reduction_slice_elems(std::size_t slice_bytes, DataType dtype, Reduc
   return slice_bytes / (partials_wide(dtype, op, n) ? detail::kWideBytes : datatype_size(dtype));
 }
 
-void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, bool src_partial,
+void partial_step(CommState& c, std::byte* dst, const std::byte* src, bool src_partial,
                   const std::byte* in, std::size_t m, DataType dtype, ReduceOp op) {
   if (!detail::reduces_wide(dtype, op)) {
     c.reduce(dst, src, in, m, dtype, op == ReduceOp::avg ? ReduceOp::sum : op);
@@ -44,7 +44,7 @@ void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, b
   });
 }
 
-void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, bool src_partial,
+void final_step(CommState& c, std::byte* out, const std::byte* src, bool src_partial,
                 const std::byte* in, std::size_t m, DataType dtype, ReduceOp op, int n) {
   const int divisor = op == ReduceOp::avg ? n : 1;
   if (!detail::reduces_wide(dtype, op)) {
@@ -58,7 +58,7 @@ void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, boo
   });
 }
 
-void reduce_in_rank_order_blocks(Communicator::Impl& c, std::byte* out,
+void reduce_in_rank_order_blocks(CommState& c, std::byte* out,
                                  const std::function<const std::byte*(int)>& src, int nsrc,
                                  std::size_t m, DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);

@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <functional>
 
-#include "core/comm.hpp"
+#include "core/state.hpp"
 #include "kernels/reduce.hpp"
 #include "kernels/wide.hpp"
 
@@ -36,13 +36,13 @@ std::size_t reduction_slice_elems(std::size_t slice_bytes, DataType dtype, Reduc
 /// 16-bit / native input of the first rank of the chain (src_partial false)
 /// or a partial written by partial_step (src_partial true). dst receives a
 /// partial (float64 for wide pairs). m elements; dst may alias src.
-void partial_step(Communicator::Impl& c, std::byte* dst, const std::byte* src, bool src_partial,
+void partial_step(CommState& c, std::byte* dst, const std::byte* src, bool src_partial,
                   const std::byte* in, std::size_t m, DataType dtype, ReduceOp op);
 
 /// The step that completes the reduction of n ranks: out = src op in, with
 /// avg divided by n, rounded once to dtype. src as in partial_step; out may
 /// alias in exactly.
-void final_step(Communicator::Impl& c, std::byte* out, const std::byte* src, bool src_partial,
+void final_step(CommState& c, std::byte* out, const std::byte* src, bool src_partial,
                 const std::byte* in, std::size_t m, DataType dtype, ReduceOp op, int n);
 
 /// Up to this many sources a 16-bit block reduces in one pass
@@ -83,7 +83,7 @@ void reduce_block_in_rank_order(std::byte* o, Src&& src, int nsrc, std::size_t k
 
 /// The general case of reduce_in_rank_order (any m, in blocks, on the
 /// rank's thread arena when m is large).
-void reduce_in_rank_order_blocks(Communicator::Impl& c, std::byte* out,
+void reduce_in_rank_order_blocks(CommState& c, std::byte* out,
                                  const std::function<const std::byte*(int)>& src, int nsrc,
                                  std::size_t m, DataType dtype, ReduceOp op);
 
@@ -100,7 +100,7 @@ inline constexpr std::size_t kInlineReduceElems = 256;
 /// range of every rank's buffer with it (src(q) = rank q's buffer + offset).
 /// `src`: a callable int -> const std::byte*.
 template <class Src>
-void reduce_in_rank_order(Communicator::Impl& c, std::byte* out, Src&& src, int nsrc, std::size_t m,
+void reduce_in_rank_order(CommState& c, std::byte* out, Src&& src, int nsrc, std::size_t m,
                           DataType dtype, ReduceOp op) {
   if (m <= kInlineReduceElems) {
     alignas(64) detail::Wide acc[kInlineReduceElems];

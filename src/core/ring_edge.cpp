@@ -2,11 +2,11 @@
 // the writer waits for a free slot and publishes `produced`, the reader
 // waits for a full one and publishes `consumed`. Counters only grow.
 
-#include "core/comm.hpp"
+#include "core/state.hpp"
 
 namespace shmring {
 
-std::byte* Communicator::Impl::acquire_send_slot() {
+std::byte* CommState::acquire_send_slot() {
   const std::uint64_t k = seg->slots();
   // Slot (ring.sent mod K) is free once the right neighbour consumed slice ring.sent-K.
   if (ring.sent >= k) {
@@ -24,11 +24,11 @@ std::byte* Communicator::Impl::acquire_send_slot() {
   return seg->slot(rank, ring.sent % k);
 }
 
-void Communicator::Impl::publish_send() {
+void CommState::publish_send() {
   publish(my_area().produced, ++ring.sent);
 }
 
-const std::byte* Communicator::Impl::wait_recv_slot() {
+const std::byte* CommState::wait_recv_slot() {
   if (!ring.left_checked) {
     // Check left's descriptor before using its data (and even if it never
     // writes to us: a rank that disagrees may wait for us in turn).
@@ -39,7 +39,7 @@ const std::byte* Communicator::Impl::wait_recv_slot() {
   return seg->slot(left, ring.recvd % seg->slots());
 }
 
-void Communicator::Impl::release_recv() {
+void CommState::release_recv() {
   publish(my_area().consumed, ++ring.recvd);
 }
 

@@ -128,7 +128,20 @@ void Communicator::Impl::run(const Op& o) {
     case CollectiveKind::invalid:
       break;
   }
-  end();
+  // stats(), after end() has published `done` (the peers need not wait for
+  // the bookkeeping), from the clock reading that ended the call.
+  const std::uint64_t now = end();
+  const auto k = static_cast<std::size_t>(d.kind);
+  if (k < kind_stats.size()) {
+    auto& s = kind_stats[k];
+    s.calls.store(s.calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    s.bytes.store(s.bytes.load(std::memory_order_relaxed) + current_bytes,
+                  std::memory_order_relaxed);
+    s.time_ns.store(s.time_ns.load(std::memory_order_relaxed) + (now - call_start_ns),
+                    std::memory_order_relaxed);
+    s.wait_ns.store(s.wait_ns.load(std::memory_order_relaxed) + call_wait_ns,
+                    std::memory_order_relaxed);
+  }
 }
 
 void Communicator::Impl::execute(const Op& op) {

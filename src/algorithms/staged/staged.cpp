@@ -174,8 +174,8 @@
 
 #include "algorithms/algorithms.hpp"
 #include "base/log.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 #include "transport/cma.hpp"
 
 namespace shmring::algo {
@@ -222,13 +222,13 @@ std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_co
 
 // Announces (descriptor and round 0 visible), then checks every rank's
 // descriptor: a root or count mismatch fails every rank.
-void announce_and_check(Communicator::Impl& c) {
+void announce_and_check(CommState& c) {
   c.announce();
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) c.wait_announced(q);
 }
 
-const detail::Descriptor& desc_of(Communicator::Impl& c, int q) {
+const detail::Descriptor& desc_of(CommState& c, int q) {
   return c.area(q).desc[c.collectives % detail::kDescRing];
 }
 
@@ -256,7 +256,7 @@ bool packed(const std::vector<std::size_t>& counts, const std::vector<std::size_
 }
 
 // allgatherv / reduce_scatter_v: every rank's recv_counts must equal ours.
-void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::size_t>& counts) {
+void check_same_counts(CommState& c, Rounds& r, const std::vector<std::size_t>& counts) {
   const std::uint64_t mine = c.current->vhash;  // the front's staged_vector_hash(counts)
   const auto n = static_cast<std::size_t>(c.size);
   for (int q = 0; q < c.size; ++q) {
@@ -280,7 +280,7 @@ void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::
   }
 }
 
-void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t sent,
+void alltoallv_pair_mismatch(CommState& c, int i, int j, std::uint64_t sent,
                              std::uint64_t expected) {
   c.fail(MismatchError(fmt::format(
       "rank {}: collective mismatch in collective #{} {}: rank {} sends {} elements to rank {} "
@@ -290,7 +290,7 @@ void alltoallv_pair_mismatch(Communicator::Impl& c, int i, int j, std::uint64_t 
 }
 
 // alltoallv: rank i's recv_counts[j] must equal rank j's send_counts[i].
-void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v) {
+void check_pairs(CommState& c, Rounds& r, const VectorArgs& v) {
   const int n = c.size, me = c.rank;
   // The pairs this rank is part of, exactly.
   for (int w = 0; w < n; ++w) {
@@ -326,7 +326,7 @@ namespace {
 // bytes from each peer's RankInfo::probe_addr, which must read back as its
 // own address (so that a pid of another pid namespace, naming some other
 // process, cannot pass).
-bool cma_capable(Communicator::Impl& c) {
+bool cma_capable(CommState& c) {
   if (c.single_copy.probed < 0) {
     bool ok = c.single_copy.mode == 1;
     int refused_by = -1, err = 0;
@@ -354,7 +354,7 @@ bool cma_capable(Communicator::Impl& c) {
 }  // namespace
 
 // What this rank publishes in its descriptor's `cma` word (layout.hpp).
-std::uint64_t cma_word(Communicator::Impl& c, const void* data) {
+std::uint64_t cma_word(CommState& c, const void* data) {
   if (!cma_capable(c)) return 0;
   return detail::kCmaCapable | (c.single_copy.large == 1 ? detail::kCmaLarge : 0) |
          reinterpret_cast<std::uint64_t>(data);
@@ -364,7 +364,7 @@ std::uint64_t cma_word(Communicator::Impl& c, const void* data) {
 // failure ends the job on every rank: the writer died (ESRCH), its buffer is
 // not memory of its process (EFAULT: a bad pointer passed to the call), or
 // the kernel refused a read it allowed at the probe.
-void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, std::size_t bytes) {
+void cma_take(CommState& c, int w, std::size_t offset, std::byte* dst, std::size_t bytes) {
   if (bytes == 0) return;
   const std::uint64_t base =
       desc_of(c, w).cma.load(std::memory_order_relaxed) & detail::kCmaAddressMask;
@@ -430,7 +430,7 @@ namespace {
 // through the slots). Every input is the same on every rank (the
 // descriptors, the kind, `largest`, the job's oversubscription), so every
 // rank takes the same path.
-std::size_t single_copy_min(const Communicator::Impl& c, bool large) {
+std::size_t single_copy_min(const CommState& c, bool large) {
   const std::size_t own_cpus = large ? 8 * 1024 : 64 * 1024;
   if (!c.config.oversubscribed) return own_cpus;
   switch (c.current->kind) {
@@ -465,11 +465,11 @@ std::size_t single_copy_max(CollectiveKind kind, bool large) {
 // / 3.56-3.60). Both inputs are the same on every rank. Gather keeps its
 // eager path up to the direct buffer: its rounds were faster in cache but
 // slower cold (N=2, 32 KiB blocks: 6.57-6.62 against 4.61-4.80 us).
-std::size_t scatter_rounds_from(const Communicator::Impl& c) {
+std::size_t scatter_rounds_from(const CommState& c) {
   return c.config.oversubscribed ? 32 * 1024 : 16 * 1024;
 }
 
-bool single_copy(Communicator::Impl& c, std::size_t largest) {
+bool single_copy(CommState& c, std::size_t largest) {
   if (largest < single_copy_min(c, true)) return false;
   bool large = true;
   for (int q = 0; q < c.size; ++q) {
@@ -484,11 +484,11 @@ bool single_copy(Communicator::Impl& c, std::size_t largest) {
 // can take it, leaves its block out of round 0 (it would be copied for
 // nothing); when the round does not happen (a peer cannot read), the data
 // rounds carry the blocks instead of round 0.
-bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest) {
+bool leaves_inline_out(CommState& c, std::size_t local_largest) {
   return local_largest >= single_copy_min(c, c.single_copy.large == 1) && cma_capable(c);
 }
 
-bool someone_left_inline_out(Communicator::Impl& c) {
+bool someone_left_inline_out(CommState& c) {
   for (int q = 0; q < c.size; ++q)
     if (desc_of(c, q).cma.load(std::memory_order_relaxed) & detail::kCmaNoInline) return true;
   return false;

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "algorithms/algorithms.hpp"
-#include "core/comm.hpp"
 #include "core/reduce_steps.hpp"
+#include "core/state.hpp"
 
 namespace shmring::algo {
 
@@ -43,7 +43,7 @@ class Rounds {
  public:
   /// `header_bytes`: round 0 starts with a header that long (v-collectives);
   /// its inline data follows at the next 64-byte boundary.
-  Rounds(Communicator::Impl& c, int lanes, std::size_t header_bytes = 0)
+  Rounds(CommState& c, int lanes, std::size_t header_bytes = 0)
       : c_(c),
         base_(c.staged_rounds),
         lane_direct_(staged_lane_bytes(c.seg->direct_bytes(), lanes)),
@@ -151,7 +151,7 @@ class Rounds {
   }
 
  private:
-  Communicator::Impl& c_;
+  CommState& c_;
   std::uint64_t base_;
   std::size_t lane_direct_, half_slots_, lane_slots_, inline_offset_, lane_inline_;
   bool big_ = false;
@@ -163,20 +163,20 @@ inline bool everyone(int) {
 }
 
 // Defined in staged.cpp (see their comments there).
-void announce_and_check(Communicator::Impl& c);
-const detail::Descriptor& desc_of(Communicator::Impl& c, int q);
+void announce_and_check(CommState& c);
+const detail::Descriptor& desc_of(CommState& c, int q);
 void write_header(std::byte* buf, const std::vector<std::size_t>& a,
                   const std::vector<std::size_t>* b = nullptr);
 std::uint64_t header_entry(Rounds& r, int q, std::size_t i);
 bool packed(const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs);
-void check_same_counts(Communicator::Impl& c, Rounds& r, const std::vector<std::size_t>& counts);
-void check_pairs(Communicator::Impl& c, Rounds& r, const VectorArgs& v);
-std::uint64_t cma_word(Communicator::Impl& c, const void* data);
-void cma_take(Communicator::Impl& c, int w, std::size_t offset, std::byte* dst, std::size_t bytes);
-std::size_t scatter_rounds_from(const Communicator::Impl& c);
-bool single_copy(Communicator::Impl& c, std::size_t largest);
-bool leaves_inline_out(Communicator::Impl& c, std::size_t local_largest);
-bool someone_left_inline_out(Communicator::Impl& c);
+void check_same_counts(CommState& c, Rounds& r, const std::vector<std::size_t>& counts);
+void check_pairs(CommState& c, Rounds& r, const VectorArgs& v);
+std::uint64_t cma_word(CommState& c, const void* data);
+void cma_take(CommState& c, int w, std::size_t offset, std::byte* dst, std::size_t bytes);
+std::size_t scatter_rounds_from(const CommState& c);
+bool single_copy(CommState& c, std::size_t largest);
+bool leaves_inline_out(CommState& c, std::size_t local_largest);
+bool someone_left_inline_out(CommState& c);
 
 // Runs the rounds of a staged collective. `header` writes the start of
 // round 0 of a v-collective (the count vectors), or is null; `check` runs on
@@ -202,7 +202,7 @@ bool someone_left_inline_out(Communicator::Impl& c);
 // of two side by side).
 template <class IsReader, class Header, class Check, class Write, class Read,
           class Local = std::nullptr_t, class Single = std::nullptr_t>
-void run_rounds(Communicator::Impl& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
+void run_rounds(CommState& c, Rounds& r, bool writer, bool reader, IsReader is_reader,
                 std::size_t local_largest, Header header, Check check, Write write, Read read,
                 Local local = nullptr, Single single = nullptr, const void* my_data = nullptr,
                 bool can_single = true) {
@@ -278,7 +278,7 @@ namespace algo {
 /// The eager gathers' and scatters' bookkeeping (staged_eager.cpp): calls
 /// that returned before their readers were done, confirmed by later
 /// collectives. Made by the first eager call (eager_state), which also
-/// installs the core's pending checks (core/comm.hpp PendingChecks).
+/// installs the core's pending checks (core/state.hpp PendingChecks).
 struct EagerState {
   // Small gathers leave early (gather_eager). Per direct buffer parity:
   // collective + 1 of the last eager gather this rank ran on it (0: none)
@@ -314,29 +314,26 @@ struct EagerState {
 }  // namespace algo
 
 /// This communicator's eager bookkeeping, made on first use.
-algo::EagerState& eager_state(Communicator::Impl& c);
+algo::EagerState& eager_state(CommState& c);
 /// Waits until the root of our unchecked eager gather finished it (or the
 /// job aborted) and compares its descriptor with ours: a rank that left a
 /// gather early fails at its next collective at the latest.
-void check_eager_gather(Communicator::Impl& c);
+void check_eager_gather(CommState& c);
 /// Waits until every rank announced our unchecked eager scatter and
 /// compares its descriptor with ours.
-void check_eager_scatter(Communicator::Impl& c);
+void check_eager_scatter(CommState& c);
 /// Confirms our pending eager-ring collectives c with c + 1 <= `must`
 /// (waiting until their readers finished (gather) or started (scatter)
 /// them), and those with c + 1 <= `may` whose readers already did; compares
 /// their descriptors with ours: a mismatch fails.
-void confirm_eager_ring(Communicator::Impl& c, std::uint64_t must, std::uint64_t may);
+void confirm_eager_ring(CommState& c, std::uint64_t must, std::uint64_t may);
 
 // Defined in staged_eager.cpp (see their comments there).
-void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
-                  int root);
-void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
-                   int root, std::size_t lane);
-bool eager_ring_fits(const Communicator::Impl& c, CollectiveKind kind, std::size_t bytes);
-void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
-                       int root);
-void scatter_eager_ring(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
-                        int root);
+void gather_eager(CommState& c, const void* send, std::byte* out, std::size_t bytes, int root);
+void scatter_eager(CommState& c, const std::byte* in, void* recv, std::size_t bytes, int root,
+                   std::size_t lane);
+bool eager_ring_fits(const CommState& c, CollectiveKind kind, std::size_t bytes);
+void gather_eager_ring(CommState& c, const void* send, std::byte* out, std::size_t bytes, int root);
+void scatter_eager_ring(CommState& c, const std::byte* in, void* recv, std::size_t bytes, int root);
 
 }  // namespace shmring

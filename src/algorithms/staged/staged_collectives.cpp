@@ -11,7 +11,7 @@
 
 namespace shmring::algo {
 
-void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void alltoall_staged(CommState& c, const void* send, void* recv, std::size_t count,
                      DataType dtype) {
   const int n = c.size, me = c.rank;
   const std::size_t bytes = count * datatype_size(dtype);
@@ -47,7 +47,7 @@ void alltoall_staged(Communicator::Impl& c, const void* send, void* recv, std::s
       send);
 }
 
-void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+void alltoallv_staged(CommState& c, const void* send, void* recv, const VectorArgs& v,
                       DataType dtype) {
   const int n = c.size, me = c.rank;
   const std::size_t es = datatype_size(dtype);
@@ -101,8 +101,8 @@ void alltoallv_staged(Communicator::Impl& c, const void* send, void* recv, const
       send, packed(v.send_counts, v.send_displs));
 }
 
-void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                   DataType dtype, int root) {
+void gather_staged(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                   int root) {
   const int n = c.size, me = c.rank;
   const std::size_t bytes = count * datatype_size(dtype);
   auto* out = static_cast<std::byte*>(recv);
@@ -147,8 +147,8 @@ void gather_staged(Communicator::Impl& c, const void* send, void* recv, std::siz
       send);
 }
 
-void scatter_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
-                    DataType dtype, int root) {
+void scatter_staged(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                    int root) {
   const int n = c.size, me = c.rank;
   const std::size_t bytes = count * datatype_size(dtype);
   const auto* in = static_cast<const std::byte*>(send);
@@ -193,7 +193,7 @@ namespace {
 // of `recv`; `header` writes round 0's header (nullptr: none) and
 // `largest(r)` checks the peers' headers and returns the largest block.
 template <class Bytes, class At, class Header, class Largest>
-void allgather_rounds(Communicator::Impl& c, const void* send, void* recv, Bytes bytes, At at,
+void allgather_rounds(CommState& c, const void* send, void* recv, Bytes bytes, At at,
                       std::size_t header_bytes, Header header, Largest largest) {
   const int n = c.size, me = c.rank;
   const std::size_t my_bytes = bytes(me);
@@ -226,7 +226,7 @@ void allgather_rounds(Communicator::Impl& c, const void* send, void* recv, Bytes
 
 }  // namespace
 
-void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, const VectorArgs& v,
+void allgatherv_staged(CommState& c, const void* send, void* recv, const VectorArgs& v,
                        DataType dtype) {
   const std::size_t es = datatype_size(dtype);
   allgather_rounds(
@@ -240,7 +240,7 @@ void allgatherv_staged(Communicator::Impl& c, const void* send, void* recv, cons
       });
 }
 
-void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
+void allgather_staged(CommState& c, const void* send, void* recv, std::size_t count,
                       DataType dtype) {
   // The count is in the descriptor, which check_descriptor compares: no header.
   const std::size_t bytes = count * datatype_size(dtype);
@@ -250,8 +250,8 @@ void allgather_staged(Communicator::Impl& c, const void* send, void* recv, std::
       [bytes](Rounds&) { return bytes; });
 }
 
-void reduce_scatter_v_staged(Communicator::Impl& c, const void* send, void* recv,
-                             const VectorArgs& v, DataType dtype, ReduceOp op) {
+void reduce_scatter_v_staged(CommState& c, const void* send, void* recv, const VectorArgs& v,
+                             DataType dtype, ReduceOp op) {
   const int n = c.size, me = c.rank;
   const std::size_t es = datatype_size(dtype);
   const auto* in = static_cast<const std::byte*>(send);

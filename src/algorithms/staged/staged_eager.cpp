@@ -1,7 +1,7 @@
 // The eager paths of gather and scatter (staged.cpp's top comment,
 // "Exception" and "Eager rings"): blocks that fit a direct buffer or an
 // eager ring entry leave without waiting for every rank; a later collective
-// confirms them (Communicator::Impl::check_eager_*, confirm_eager_ring).
+// confirms them (check_eager_*, confirm_eager_ring).
 
 #include <fmt/format.h>
 
@@ -35,7 +35,7 @@ namespace {
 // fails at its next call at the latest, even when no rank saw itself as
 // the root. Pace: every rank still waits for someone who waited for every
 // rank at least every second collective, far inside the descriptor ring.
-std::byte* eager_buffer(Communicator::Impl& c) {
+std::byte* eager_buffer(CommState& c) {
   const std::uint64_t coll = c.collectives;
   const std::size_t parity = coll % detail::kDirectBuffers;
   if (coll >= detail::kDirectBuffers && eager_state(c).at[parity] == coll - 1 &&
@@ -53,7 +53,7 @@ std::byte* eager_buffer(Communicator::Impl& c) {
 // CPUs. N=2, back-to-back gathers / scatters of 64 KiB blocks (128 KiB in
 // all), 3 interleaved runs: 7.8-10.0 / 8.7-8.8 us with plain stores,
 // 5.5-5.7 / 4.5-4.6 with streaming ones (Open MPI 7.6 / 7.6).
-void put_eager(Communicator::Impl& c, std::byte* dst, const void* src, std::size_t bytes) {
+void put_eager(CommState& c, std::byte* dst, const void* src, std::size_t bytes) {
   if (c.config.oversubscribed)
     c.copy(dst, src, bytes);
   else
@@ -62,8 +62,7 @@ void put_eager(Communicator::Impl& c, std::byte* dst, const void* src, std::size
 
 }  // namespace
 
-void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
-                  int root) {
+void gather_eager(CommState& c, const void* send, std::byte* out, std::size_t bytes, int root) {
   const int n = c.size, me = c.rank;
   const std::uint64_t coll = c.collectives;
   const std::size_t parity = coll % detail::kDirectBuffers;
@@ -99,8 +98,8 @@ void gather_eager(Communicator::Impl& c, const void* send, std::byte* out, std::
 // non-roots' descriptors at the start of its next collective, before it
 // announces that one (check_eager_scatter): a non-root that disagrees with
 // it, or a second rank that thinks itself the root, fails by its next call.
-void scatter_eager(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
-                   int root, std::size_t lane) {
+void scatter_eager(CommState& c, const std::byte* in, void* recv, std::size_t bytes, int root,
+                   std::size_t lane) {
   const int n = c.size, me = c.rank;
   c.step = 0;
   if (me == root) {
@@ -134,7 +133,7 @@ std::uint32_t eager_pack(const CollectiveDesc& d) {
 
 }  // namespace
 
-bool eager_ring_fits(const Communicator::Impl& c, CollectiveKind kind, std::size_t bytes) {
+bool eager_ring_fits(const CommState& c, CollectiveKind kind, std::size_t bytes) {
   return bytes <= detail::kEagerBytes &&
          (kind == CollectiveKind::gather ||
           static_cast<std::size_t>(c.size) <= detail::kEagerScatterMaxRanks);
@@ -147,7 +146,7 @@ namespace {
 // The peers' `done` counters are read again only when what we last saw of
 // them no longer proves it (once every E collectives while they keep up).
 // Confirms our own collective c-E before its pending record is reused.
-std::uint64_t eager_entry(Communicator::Impl& c) {
+std::uint64_t eager_entry(CommState& c) {
   const std::uint64_t coll = c.collectives;
   constexpr std::uint64_t e = detail::kEagerEntries;
   if (coll >= e) {
@@ -175,8 +174,7 @@ const std::byte* eager_data(const detail::EagerLine& line) {
   return reinterpret_cast<const std::byte*>(&line) + offsetof(detail::EagerLine, data);
 }
 
-void eager_write(Communicator::Impl& c, detail::EagerLine& line, const void* data,
-                 std::size_t bytes) {
+void eager_write(CommState& c, detail::EagerLine& line, const void* data, std::size_t bytes) {
   const CollectiveDesc& d = *c.current;
   line.count.store(d.count, std::memory_order_relaxed);
   line.kind_dtype_op_algorithm.store(eager_pack(d), std::memory_order_relaxed);
@@ -185,7 +183,7 @@ void eager_write(Communicator::Impl& c, detail::EagerLine& line, const void* dat
   line.seq.store(c.collectives + 1, std::memory_order_release);
 }
 
-void eager_remember(Communicator::Impl& c) {
+void eager_remember(CommState& c) {
   eager_state(c).pending[c.collectives % detail::kEagerEntries] = {c.collectives + 1, *c.current};
   ++eager_state(c).pending_count;
 }
@@ -196,7 +194,7 @@ void eager_remember(Communicator::Impl& c) {
 // deadline). A peer that announced the collective without writing the line
 // took another path; one whose line describes another call disagrees:
 // either is a mismatch, named by check_descriptor where it can.
-const detail::EagerLine& wait_eager_line(Communicator::Impl& c, int peer, std::uint64_t index) {
+const detail::EagerLine& wait_eager_line(CommState& c, int peer, std::uint64_t index) {
   const detail::EagerLine& line =
       c.seg->eager_line(peer, c.collectives % detail::kEagerEntries, index);
   const std::uint64_t want = c.collectives + 1;
@@ -237,7 +235,7 @@ const detail::EagerLine& wait_eager_line(Communicator::Impl& c, int peer, std::u
 
 // Gather of blocks of at most kEagerBytes: a non-root writes line 0 of its
 // entry and returns; the root reads every non-root's line.
-void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, std::size_t bytes,
+void gather_eager_ring(CommState& c, const void* send, std::byte* out, std::size_t bytes,
                        int root) {
   const int n = c.size, me = c.rank;
   c.step = 0;
@@ -260,7 +258,7 @@ void gather_eager_ring(Communicator::Impl& c, const void* send, std::byte* out, 
 // Scatter of blocks of at most kEagerBytes (N <= kEagerScatterMaxRanks): the
 // root writes reader j's block into line lane_index(root, j) of its entry
 // and returns; a reader reads its line.
-void scatter_eager_ring(Communicator::Impl& c, const std::byte* in, void* recv, std::size_t bytes,
+void scatter_eager_ring(CommState& c, const std::byte* in, void* recv, std::size_t bytes,
                         int root) {
   const int n = c.size, me = c.rank;
   c.step = 0;
@@ -287,7 +285,7 @@ namespace {
 
 // Peer q's descriptor of collective `coll`, or nullopt when the entry holds
 // another collective (or was being rewritten while we read it).
-std::optional<CollectiveDesc> eager_desc_of(Communicator::Impl& c, int q, std::uint64_t coll) {
+std::optional<CollectiveDesc> eager_desc_of(CommState& c, int q, std::uint64_t coll) {
   auto& desc = c.area(q).desc[coll % detail::kDescRing];
   const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
   const CollectiveDesc theirs{
@@ -308,7 +306,7 @@ namespace {
 
 // What rank q published for collective `coll`, as the eager checks read it
 // after an acquire of one of q's counters (the ordering of
-// Impl::check_descriptor). `is_coll`: the read was not torn and the entry
+// CommState::check_descriptor). `is_coll`: the read was not torn and the entry
 // holds collective `coll` (else q is in another collective). The operator
 // is not read: gather and scatter have none (sum).
 struct PeerCall {
@@ -316,7 +314,7 @@ struct PeerCall {
   CollectiveDesc desc;
 };
 
-PeerCall read_peer_call(Communicator::Impl& c, int q, std::uint64_t coll) {
+PeerCall read_peer_call(CommState& c, int q, std::uint64_t coll) {
   std::optional<CollectiveDesc> d = eager_desc_of(c, q, coll);
   if (!d) return {false, CollectiveDesc{}};
   d->op = ReduceOp::sum;  // gather and scatter have none: describe() shows sum
@@ -331,7 +329,7 @@ bool same_eager_call(const PeerCall& p, const CollectiveDesc& mine) {
 }
 
 // The peer's call as a mismatch message names it.
-std::string their_call(const Communicator::Impl& c, const PeerCall& p, std::uint64_t coll) {
+std::string their_call(const CommState& c, const PeerCall& p, std::uint64_t coll) {
   return p.is_coll ? fmt::format("collective #{} {}", coll, c.describe(p.desc))
                    : std::string("a different collective");
 }
@@ -340,13 +338,13 @@ std::string their_call(const Communicator::Impl& c, const PeerCall& p, std::uint
 
 namespace {
 
-// The core's pending checks (core/comm.hpp PendingChecks), installed with
+// The core's pending checks (core/state.hpp PendingChecks), installed with
 // the eager state.
-void eager_at_begin(Communicator::Impl& c) {
+void eager_at_begin(CommState& c) {
   if (c.eager->scatter_unchecked != 0) check_eager_scatter(c);
 }
 
-void eager_at_end(Communicator::Impl& c) {
+void eager_at_end(CommState& c) {
   algo::EagerState& e = *c.eager;
   if (e.gather_unchecked != 0 && e.gather_unchecked <= c.collectives) check_eager_gather(c);
   if (e.pending_count > 0)  // "Eager rings": a collective's confirmations
@@ -358,7 +356,7 @@ void eager_at_end(Communicator::Impl& c) {
 
 }  // namespace
 
-algo::EagerState& eager_state(Communicator::Impl& c) {
+algo::EagerState& eager_state(CommState& c) {
   if (!c.eager) {
     c.eager = {new algo::EagerState{}, [](algo::EagerState* e) { delete e; }};
     c.pending = {&eager_at_begin, &eager_at_end};
@@ -366,7 +364,7 @@ algo::EagerState& eager_state(Communicator::Impl& c) {
   return *c.eager;
 }
 
-void check_eager_scatter(Communicator::Impl& c) {
+void check_eager_scatter(CommState& c) {
   algo::EagerState& e = *c.eager;
   const std::uint64_t coll = e.scatter_unchecked - 1;
   const CollectiveDesc mine = e.scatter_desc;
@@ -384,7 +382,7 @@ void check_eager_scatter(Communicator::Impl& c) {
   }
 }
 
-void check_eager_gather(Communicator::Impl& c) {
+void check_eager_gather(CommState& c) {
   algo::EagerState& e = *c.eager;
   const std::uint64_t coll = e.gather_unchecked - 1;
   const CollectiveDesc mine = e.gather_desc;
@@ -404,7 +402,7 @@ void check_eager_gather(Communicator::Impl& c) {
       c.rank, c.rank, coll, c.describe(mine), root, their_call(c, theirs, coll))));
 }
 
-void confirm_eager_ring(Communicator::Impl& c, std::uint64_t must, std::uint64_t may) {
+void confirm_eager_ring(CommState& c, std::uint64_t must, std::uint64_t may) {
   algo::EagerState& st = *c.eager;
   // Every collective c confirms collective c-E (in eager_entry or end()),
   // so of those up to `must` only must-1 can be pending: one slot to look
