@@ -6,5 +6,6 @@
 #include "shmring/communicator.hpp"
 #include "shmring/error.hpp"
 #include "shmring/request.hpp"
+#include "shmring/settings.hpp"
 #include "shmring/types.hpp"
 #include "shmring/version.hpp"

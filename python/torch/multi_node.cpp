@@ -24,6 +24,7 @@
 
 #include "convert.hpp"
 #include "shmring/error.hpp"
+#include "shmring/settings.hpp"
 
 namespace shmring::torch_backend {
 namespace {
@@ -80,13 +81,9 @@ CrossNode::CrossNode(const c10::intrusive_ptr<::c10d::Store>& store, const std::
       prefix_(prefix),
       job_id_(local->config().job_id),
       comm_(std::move(local)) {
-  if (const char* v = std::getenv("SHMRING_TORCH_SHARD_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(v, &end, 10);
-    TORCH_CHECK(end != v && *end == '\0', "shmring backend: SHMRING_TORCH_SHARD_BYTES='", v,
-                "': expected a number of bytes");
-    shard_bytes_ = static_cast<std::size_t>(n);
-  }
+  // The library's one table and parser (shmring/settings.hpp).
+  if (const auto v = settings::bytes("SHMRING_TORCH_SHARD_BYTES"))
+    shard_bytes_ = static_cast<std::size_t>(*v);
   const int nnodes = static_cast<int>(layout_.nodes.size());
   // Every rank makes the groups it belongs to in the same order: world,
   // leaders, shard (gloo's connection setup is collective per group).

@@ -24,6 +24,7 @@
 #include "convert.hpp"
 #include "node_layout.hpp"
 #include "process_group_args.hpp"
+#include "shmring/settings.hpp"
 #if SHMRING_TORCH_GLOO
 #include "multi_node.hpp"
 #else
@@ -52,9 +53,9 @@ std::string host_identity() {
 // SHMRING_TORCH_JOB_TAG ("tag-" in every job id): lets a launcher
 // (tools/fake-nodes) find the shared memory of its own run.
 std::string job_tag() {
-  const char* tag = std::getenv("SHMRING_TORCH_JOB_TAG");
-  if (tag == nullptr || *tag == '\0') return "";
-  const std::string t(tag);
+  const auto tag = settings::text("SHMRING_TORCH_JOB_TAG");
+  if (!tag) return "";
+  const std::string& t = *tag;
   const bool ok = t.size() <= 32 && std::all_of(t.begin(), t.end(), [](char c) {
                     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_';
                   });
@@ -158,7 +159,7 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
   // The communicator spans one host by construction: all its ranks are local.
   options.local_rank = options.rank;
   options.local_world_size = options.world_size;
-  if (std::getenv("SHMRING_TIMEOUT") == nullptr && timeout.count() > 0) {
+  if (!settings::text("SHMRING_TIMEOUT") && timeout.count() > 0) {
     options.timeout_s = static_cast<double>(timeout.count()) / 1000.0;
   }
   return p;

@@ -52,6 +52,17 @@ std::uint64_t parse_hex(const Setting& s, const std::string& v) {
   return x;
 }
 
+std::uint64_t parse_bytes(const Setting& s, const std::string& v) {
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  // strtoull takes a sign and wraps "-1": only digits are a byte count.
+  if (errno != 0 || end == v.c_str() || *end != '\0' ||
+      v.find_first_not_of("0123456789") != std::string::npos)
+    refuse(s.name, v, s.expected.empty() ? "a number of bytes (an integer >= 0)" : s.expected);
+  return x;
+}
+
 }  // namespace
 
 void refuse(std::string_view name, std::string_view value, std::string_view what) {
@@ -124,6 +135,27 @@ std::optional<std::uint64_t> hex(Name name) {
   return parse_hex(s, *v);
 }
 
+std::optional<std::string> text_of(const Setting& s) {
+  return raw(s.name);
+}
+
+std::optional<std::string> choice_of(const Setting& s) {
+  auto v = raw(s.name);
+  if (!v) return std::nullopt;
+  return choice_value(s, *v);
+}
+
+// A bytes variable whose default is "auto" takes that word too, as unset.
+bool is_auto(const Setting& s, const std::string& v) {
+  return s.default_value == "auto" && lower(v) == "auto";
+}
+
+std::optional<std::uint64_t> bytes_of(const Setting& s) {
+  auto v = raw(s.name);
+  if (!v || is_auto(s, *v)) return std::nullopt;
+  return parse_bytes(s, *v);
+}
+
 void check(const Setting& s, const std::string& v) {
   switch (s.kind) {
     case Kind::integer:
@@ -138,8 +170,10 @@ void check(const Setting& s, const std::string& v) {
     case Kind::hex:
       (void)parse_hex(s, v);
       break;
-    case Kind::text:
     case Kind::bytes:
+      if (!is_auto(s, v)) (void)parse_bytes(s, v);
+      break;
+    case Kind::text:
       break;
   }
 }

@@ -7,7 +7,10 @@
 // once in kSettings: its type, default, allowed values, audience, who reads
 // it and one line of doc. The library reads its variables only through the
 // typed lookups below, whose Name argument is checked against the table at
-// compile time: reading an undeclared SHMRING_* name does not compile.
+// compile time: reading an undeclared SHMRING_* name does not compile. The
+// layers built over the public API (src/mpi, the torch backend) read theirs
+// through shmring::settings (include/shmring/settings.hpp), the same parser
+// by a name checked against the table at run time.
 // `shmrun --info` prints the table with the values in effect, and
 // docs/reference/environment.md is `shmrun --info --markdown`
 // (tests/launcher/meson.build checks both, and that every SHMRING_* name in
@@ -33,7 +36,7 @@ enum class Audience : std::uint8_t { user, tuning, debug, development };
 /// How the value is read. integer/number: a decimal in [lo, hi] (and a
 /// multiple of `multiple` when it is not 0); choice: one of `choices`;
 /// hex: 1 to 16 hex digits, not all zero; text: any non-empty string,
-/// checked by its reader; bytes: an integer >= 0 (the MPI layer's parser).
+/// checked by its reader; bytes: a decimal integer >= 0 (bytes_of).
 enum class Kind : std::uint8_t { integer, number, choice, hex, text, bytes };
 
 struct Setting {
@@ -181,7 +184,7 @@ inline constexpr Setting kSettings[] = {
    .doc = "Tag in the torch backend's job ids, so a launcher can find its segments.",
    .readers = "torch backend (python/torch/process_group.cpp), tools/fake-nodes"},
   {.name = "SHMRING_MPI_PIECE_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
-   .default_value = "auto", .expected = "a number of bytes (an integer >= 0)",
+   .default_value = "auto", .expected = "auto or a number of bytes (an integer >= 0)",
    .doc = "MPI layer: pipeline piece size of the hierarchical allreduce; 0: no pipelining.",
    .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
   {.name = "SHMRING_MPI_CALL_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
@@ -282,11 +285,20 @@ std::optional<std::string> choice(Name name);
 /// 1 to 16 hex digits, not all zero.
 std::optional<std::uint64_t> hex(Name name);
 
+/// The lookups for a declaration found at run time (find()): for the
+/// public shmring::settings functions (include/shmring/settings.hpp), which
+/// serve the layers over the public API.
+std::optional<std::string> text_of(const Setting& s);
+std::optional<std::string> choice_of(const Setting& s);
+/// Kind::bytes: a decimal integer >= 0 that fits in 64 bits; nullopt when
+/// unset, and for the word "auto" where the default is "auto".
+std::optional<std::uint64_t> bytes_of(const Setting& s);
+
 /// Throws InvalidArgumentError "NAME='value': expected <what>".
 [[noreturn]] void refuse(std::string_view name, std::string_view value, std::string_view what);
 
 /// Parses `raw` as `s` says, throwing as the lookups do; for checking a
-/// value before it is set (shmrun --info, -x). Kind::text, bytes: accepted.
+/// value before it is set (shmrun --info, -x). Kind::text: accepted.
 void check(const Setting& s, const std::string& raw);
 
 /// The parsers behind the lookups, for the other launchers' variables

@@ -24,17 +24,11 @@
 #include <unordered_map>
 
 #include "impl.hpp"
+#include "shmring/settings.hpp"
 
 namespace shmring::mpi {
 
 namespace {
-
-std::string lower_env(const char* name) {
-  const char* v = std::getenv(name);
-  std::string s = v ? v : "";
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 Algorithm parse_algorithm(const std::string& raw, const char* where) {
   std::string s = raw;
@@ -45,17 +39,6 @@ Algorithm parse_algorithm(const std::string& raw, const char* where) {
   if (s == "flat") return Algorithm::flat;
   throw InvalidArgumentError(
       fmt::format("{}='{}': expected auto, leaders, shards or flat", where, raw));
-}
-
-// A byte count from the environment: an integer >= 0.
-std::size_t parse_bytes(const std::string& s, const char* name) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (errno != 0 || end == s.c_str() || *end != '\0' || s[0] == '-')
-    throw InvalidArgumentError(
-        fmt::format("{}='{}': expected a number of bytes (an integer >= 0)", name, s));
-  return static_cast<std::size_t>(v);
 }
 
 // A fresh 64-bit value per communicator: the job id of every node comm.
@@ -151,31 +134,31 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
 
   // Settings first: a bad value throws on every rank alike, before any
   // communication.
-  algorithm = parse_algorithm(
-      !options.algorithm.empty() ? options.algorithm : lower_env("SHMRING_MPI_ALGO"),
-      !options.algorithm.empty() ? "Options::algorithm" : "SHMRING_MPI_ALGO");
+  // The environment's values through the library's one table and parser
+  // (shmring/settings.hpp), Options' through this layer's own checks.
+  algorithm = !options.algorithm.empty()
+                  ? parse_algorithm(options.algorithm, "Options::algorithm")
+                  : parse_algorithm(settings::choice("SHMRING_MPI_ALGO").value_or("auto"),
+                                    "SHMRING_MPI_ALGO");
   // The shards crossover: explicit (options, then the environment), or
   // decided below once the ranks' CPUs are known (shards_auto).
   bool shards_auto = false;
   shards_bytes = options.shards_bytes;
   if (shards_bytes == 0) {
-    const std::string s = lower_env("SHMRING_MPI_SHARDS_BYTES");
-    shards_bytes = kDefaultShardsBytes;
-    if (s.empty())
-      shards_auto = true;
-    else
-      shards_bytes = parse_bytes(s, "SHMRING_MPI_SHARDS_BYTES");
+    const auto env = settings::bytes("SHMRING_MPI_SHARDS_BYTES");
+    shards_bytes = env ? static_cast<std::size_t>(*env) : kDefaultShardsBytes;
+    shards_auto = !env;
   }
   // Pieces: explicit (options, then the environment), or decided below once
   // the ranks' CPUs are known (pipeline_auto).
   bool pipeline_auto = false;
   piece_bytes = options.piece_bytes;
   if (piece_bytes == 0) {
-    const std::string s = lower_env("SHMRING_MPI_PIECE_BYTES");
-    if (s.empty() || s == "auto")
-      pipeline_auto = true;
+    const auto env = settings::bytes("SHMRING_MPI_PIECE_BYTES");  // "auto": unset
+    if (env)
+      piece_bytes = static_cast<std::size_t>(*env);
     else
-      piece_bytes = parse_bytes(s, "SHMRING_MPI_PIECE_BYTES");
+      pipeline_auto = true;
   } else if (piece_bytes == SIZE_MAX) {
     piece_bytes = 0;  // not pipelined
   }
@@ -190,24 +173,17 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
           "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
           call_bytes, kMinCallBytes));
   } else {
-    const std::string s = lower_env("SHMRING_MPI_CALL_BYTES");
-    call_bytes = s.empty() ? kDefaultCallBytes : parse_bytes(s, "SHMRING_MPI_CALL_BYTES");
+    const auto env = settings::bytes("SHMRING_MPI_CALL_BYTES");
+    call_bytes = env ? static_cast<std::size_t>(*env) : kDefaultCallBytes;
     if (call_bytes != 0 && call_bytes < kMinCallBytes)
       throw InvalidArgumentError(
-          fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes", s,
-                      kMinCallBytes));
+          fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes",
+                      *settings::text("SHMRING_MPI_CALL_BYTES"), kMinCallBytes));
   }
   if (options.abort_on_error >= 0) {
     abort_on_error = options.abort_on_error != 0;
   } else {
-    const std::string s = lower_env("SHMRING_MPI_ON_ERROR");
-    if (s.empty() || s == "abort")
-      abort_on_error = true;
-    else if (s == "throw")
-      abort_on_error = false;
-    else
-      throw InvalidArgumentError(
-          fmt::format("SHMRING_MPI_ON_ERROR='{}': expected abort or throw", s));
+    abort_on_error = settings::choice("SHMRING_MPI_ON_ERROR").value_or("abort") == "abort";
   }
 
   check_mpi(MPI_Comm_dup(comm, &world), "setup: MPI_Comm_dup");
@@ -291,8 +267,7 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
   // x 2 ranks on 2 CPUs: docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md). The caller's
   // Options::node or SHMRING_OVERSUBSCRIBED, when 0 or 1, decides instead.
-  const char* env = std::getenv("SHMRING_OVERSUBSCRIBED");
-  const bool env_auto = env == nullptr || *env == '\0' || std::string_view(env) == "auto";
+  const bool env_auto = settings::choice("SHMRING_OVERSUBSCRIBED").value_or("auto") == "auto";
   if (o.oversubscribed < 0 && env_auto && machine_oversubscribed()) o.oversubscribed = 1;
   // A bad setting throws alike on every rank before any segment exists: it
   // goes back to the caller. Anything later (a rank that never arrives, a

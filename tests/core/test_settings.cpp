@@ -5,9 +5,11 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <stdlib.h>
 
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "base/config.hpp"
@@ -126,6 +128,49 @@ TEST_CASE("numbers, choices and hex") {
     CHECK(refusal("SHMRING_JOB_NONCE", bad, [] { return st::hex("SHMRING_JOB_NONCE"); }) ==
           std::string("SHMRING_JOB_NONCE='") + bad +
               "': expected 1 to 16 hex digits, not all zero (shmrun sets it)");
+}
+
+TEST_CASE("the public lookups: byte counts, choices and text by name, through the one table") {
+  // Byte counts: digits only, up to 2^64 - 1.
+  const char* bytes = "SHMRING_MPI_CALL_BYTES";
+  unsetenv(bytes);
+  CHECK(!settings::bytes(bytes).has_value());
+  setenv(bytes, "4096", 1);
+  CHECK(settings::bytes(bytes) == std::optional<std::uint64_t>(4096));
+  setenv(bytes, "18446744073709551615", 1);
+  CHECK(settings::bytes(bytes) == std::optional<std::uint64_t>(UINT64_MAX));
+  unsetenv(bytes);
+  for (const char* bad : {"-1", "+5", "4k", " 7", "0x10", "18446744073709551616", "auto"}) {
+    CAPTURE(bad);
+    CHECK(refusal(bytes, bad, [&] { return settings::bytes(bytes); }) ==
+          fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least 4096 bytes",
+                      bad));
+  }
+  // A bytes variable whose default is auto takes the word as unset.
+  setenv("SHMRING_MPI_PIECE_BYTES", "AUTO", 1);
+  CHECK(!settings::bytes("SHMRING_MPI_PIECE_BYTES").has_value());
+  unsetenv("SHMRING_MPI_PIECE_BYTES");
+  CHECK(refusal("SHMRING_TORCH_SHARD_BYTES", "-4096", [] {
+          return settings::bytes("SHMRING_TORCH_SHARD_BYTES");
+        }) == "SHMRING_TORCH_SHARD_BYTES='-4096': expected a number of bytes (an integer >= 0)");
+  // Choices: the canonical value, case-insensitively where the table says so.
+  setenv("SHMRING_MPI_ALGO", "Shards", 1);
+  CHECK(settings::choice("SHMRING_MPI_ALGO") == std::optional<std::string>("shards"));
+  unsetenv("SHMRING_MPI_ALGO");
+  CHECK(refusal("SHMRING_MPI_ON_ERROR", "ignore", [] {
+          return settings::choice("SHMRING_MPI_ON_ERROR");
+        }) == "SHMRING_MPI_ON_ERROR='ignore': expected abort or throw");
+  // Text, and names the table does not declare or declares as another kind.
+  setenv("SHMRING_TORCH_JOB_TAG", "run.7", 1);
+  CHECK(settings::text("SHMRING_TORCH_JOB_TAG") == std::optional<std::string>("run.7"));
+  unsetenv("SHMRING_TORCH_JOB_TAG");
+  CHECK_THROWS_AS(settings::text("SHMRING_NO_SUCH_VARIABLE"), std::invalid_argument);
+  CHECK_THROWS_AS(settings::bytes("SHMRING_MPI_ALGO"), std::invalid_argument);
+  CHECK_THROWS_AS(settings::choice("SHMRING_TORCH_SHARD_BYTES"), std::invalid_argument);
+  // shmrun -x and --info check a byte count the same way.
+  CHECK_THROWS_AS(st::check(*st::find("SHMRING_MPI_SHARDS_BYTES"), "1e6"), InvalidArgumentError);
+  CHECK_NOTHROW(st::check(*st::find("SHMRING_MPI_SHARDS_BYTES"), "65536"));
+  CHECK_NOTHROW(st::check(*st::find("SHMRING_MPI_PIECE_BYTES"), "auto"));
 }
 
 TEST_CASE("resolve_settings fills the CMA settings into Config") {
