@@ -10,8 +10,10 @@ Every rank joins the default group (backend "shmring") and a gloo group of
 the same ranks (dist.new_group(backend="gloo")). For each dtype and size
 (SUM, in place) it alternates rounds of back-to-back dist.all_reduce calls
 on the two groups (--rounds of each, after a barrier each); a round's time is
-the largest over ranks of the mean per call, a size's time the best round.
-Rank 0 prints one row per size: bytes, shmring us, gloo us, gloo / shmring.
+the largest over ranks of the mean per call, a size's time the median round.
+Rank 0 prints one row per size: bytes, shmring us, gloo us (medians), gloo /
+shmring, and the worst ratio of a round pair (gloo's round over the shmring
+round just before it): what a user meets on a bad moment.
 torch 1.13's gloo cannot reduce bfloat16: its bfloat16 column is a float32
 allreduce of the widened tensor, rounded back (what a gloo user does).
 SHMRING_TORCH_SHARD_BYTES moves the backend's crossover from the leaders'
@@ -21,6 +23,7 @@ path to the sharded one (python/torch/multi_node.hpp).
 import argparse
 import datetime
 import os
+import statistics
 import sys
 import time
 
@@ -38,7 +41,7 @@ def main():
     ap.add_argument("-e", "--end", default="64M", help="largest size in bytes (64M)")
     ap.add_argument("-f", "--factor", type=int, default=4, help="size step factor (4)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="float32,bfloat16")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per group and size (3)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per group and size (5)")
     ap.add_argument("--paths", action="store_true",
                     help="also time two more shmring groups, one always on the sharded "
                          "path, one always on the leaders' path (to place the crossover)")
@@ -102,13 +105,13 @@ def main():
     lo, hi = parse_bytes(args.begin), parse_bytes(args.end)
     if rank == 0:
         print(f"# {n} ranks, hosts of the shmring group's nodes differ; SUM in place; "
-              f"best of {args.rounds} interleaved rounds; us per call", flush=True)
+              f"median of {args.rounds} interleaved rounds; us per call", flush=True)
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         esize = torch.empty(0, dtype=dtype).element_size()
         if rank == 0:
             print(f"\n## {name}\n{'bytes':>10} {'shmring_us':>11} {'gloo_us':>11} "
-                  f"{'gloo/shmring':>12}"
+                  f"{'gloo/shmring':>12} {'worst_pair':>10}"
                   + (f" {'sharded_us':>11} {'leaders_us':>11}" if args.paths else ""),
                   flush=True)
         size = lo
@@ -127,12 +130,15 @@ def main():
             dist.all_reduce(buf)
             ok = bool((buf == n).all())
             if rank == 0:
-                s = min(results["shmring"]) * 1e6
-                g = min(results["gloo"]) * 1e6
-                extra = "".join(f" {min(results[k]) * 1e6:>11.1f}" for k in ("sharded", "leaders")
-                                if k in results)
-                print(f"{count * esize:>10} {s:>11.1f} {g:>11.1f} {g / s:>12.2f}{extra}"
-                      f"{'' if ok else '  WRONG RESULT'}", flush=True)
+                # results[k][0] is the warm-up's single timed call.
+                rounds = {k: v[1:] for k, v in results.items()}
+                s = statistics.median(rounds["shmring"]) * 1e6
+                g = statistics.median(rounds["gloo"]) * 1e6
+                worst = min(gr / sr for sr, gr in zip(rounds["shmring"], rounds["gloo"]))
+                extra = "".join(f" {statistics.median(rounds[k]) * 1e6:>11.1f}"
+                                for k in ("sharded", "leaders") if k in rounds)
+                print(f"{count * esize:>10} {s:>11.1f} {g:>11.1f} {g / s:>12.2f} {worst:>10.2f}"
+                      f"{extra}{'' if ok else '  WRONG RESULT'}", flush=True)
             size = hi if size < hi < size * args.factor else size * args.factor
     dist.destroy_process_group()
 
