@@ -431,7 +431,7 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
           ns::many_to_narrow<false, Add, true>},                                             \
          {ns::many_to_narrow<true, Add, false>, ns::many_to_narrow<true, Mul, false>,        \
           ns::many_to_narrow<true, Add, true>}},                                             \
-        isa_name                                                                             \
+        ns::many_in_float32, ns::kLanes, isa_name                                            \
   }
 
 const WideKernels* wide_kernels_avx512() {
