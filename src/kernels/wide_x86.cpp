@@ -29,8 +29,10 @@
 // of two float16 or bfloat16 values rounded to float32 rounds to the same
 // 16-bit value as the exact sum (docs/design/accuracy.md gives the
 // argument), so those steps run 16 (8) float32 lanes a vector instead of
-// 8 (4) float64 ones. The tails of fewer than one vector go to the
-// portable loops.
+// 8 (4) float64 ones. Many inputs summed (or averaged) take float32 too,
+// vector by vector, where the inputs' exponent span proves the float32 sum
+// exact (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
+// tails of fewer than one vector go to the portable loops.
 
 #include "kernels/wide.hpp"
 #include "kernels/wide_kernels.hpp"
