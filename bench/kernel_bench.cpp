@@ -218,13 +218,16 @@ void wide_table(double seconds) {
   fmt::print(
       "# narrow: round(a + b) to 16 bits (N=2 ring step, direct N=2); wide: a + b as\n"
       "# float64 (ring step at N>2, a: 16-bit or float64 partial); many4: round(s0 + s1\n"
-      "# + s2 + s3) (direct and two-shot paths at N=4)\n");
+      "# + s2 + s3) (direct and two-shot paths at N=4); many4 avg: the same / 4; many4\n"
+      "# grad: gradient-like inputs (a quarter zeros, the rest spread over 12 binades,\n"
+      "# random signs); many4 wide: inputs spread over 24 binades (the float64 path)\n");
   fmt::print("{:>16} {:>9} {:>10} {:>10} {:>8}\n", "kernel", "size", "portable", best->isa,
              "speedup");
   const std::size_t kSizes[] = {4u << 10, 256u << 10, 64u << 20};
   for (int bf = 1; bf >= 0; --bf) {
-    for (int kind = 0; kind < 5; ++kind) {
-      const char* names[] = {"narrow 16+16", "wide 16+16", "wide w+16", "narrow w+16", "many4"};
+    for (int kind = 0; kind < 8; ++kind) {
+      const char* names[] = {"narrow 16+16", "wide 16+16", "wide w+16",  "narrow w+16",
+                             "many4",        "many4 avg",  "many4 grad", "many4 wide"};
       for (std::size_t bytes : kSizes) {
         const std::size_t n = bytes / 2;
         Aligned a(n * 8), b(bytes), c(bytes), d(bytes), out(n * 8);
@@ -236,6 +239,24 @@ void wide_table(double seconds) {
           static_cast<std::uint16_t*>(b.p)[i] = v;
           static_cast<std::uint16_t*>(c.p)[i] = v;
           static_cast<std::uint16_t*>(d.p)[i] = v;
+        }
+        if (kind >= 6) {  // each source its own values, exponents spread
+          std::uint64_t state = 0x2545f4914f6cdd1dull;
+          const int spread = kind == 6 ? 12 : 24;
+          for (void* src : {a.p, b.p, c.p, d.p})
+            for (std::size_t i = 0; i < n; ++i) {
+              state ^= state << 13;
+              state ^= state >> 7;
+              state ^= state << 17;
+              const int e = static_cast<int>(state % static_cast<std::uint64_t>(spread));
+              const unsigned mant = static_cast<unsigned>(state >> 20);
+              const unsigned sign = static_cast<unsigned>(state >> 40) & 0x8000u;
+              std::uint16_t v =
+                  bf ? static_cast<std::uint16_t>(sign | ((127 - e) << 7) | (mant & 0x7f))
+                     : static_cast<std::uint16_t>(sign | ((28 - e) << 10) | (mant & 0x3ff));
+              if (kind == 6 && (state >> 50) % 4 == 0) v = 0;
+              static_cast<std::uint16_t*>(src)[i] = v;
+            }
         }
         double moved = 0;  // bytes per element
         auto run = [&](const shmring::detail::WideKernels& k) {
@@ -254,7 +275,7 @@ void wide_table(double seconds) {
               break;
             default: {
               const void* srcs[4] = {a.p, b.p, c.p, d.p};
-              k.many[bf][0](out.p, srcs, 4, n, 1.0);
+              k.many[bf][kind == 5 ? 2 : 0](out.p, srcs, 4, n, kind == 5 ? 4.0 : 1.0);
             }
           }
         };

@@ -259,6 +259,8 @@ const WideKernels kPortable = {
       {avg_16_16_to_bf16, avg_w_16_to_bf16}}},
     {{many_from_0<false, 0>, many_from_0<false, 1>, many_from_0<false, 2>},
      {many_from_0<true, 0>, many_from_0<true, 1>, many_from_0<true, 2>}},
+    nullptr,
+    1,
 #if defined(SHMRING_KERNEL_COPY_SVE)
     "sve"};
 #else

@@ -21,6 +21,12 @@ struct WideKernels {
   WideKernel to_wide[2][2][2];
   NarrowKernel to_narrow[2][3][2];
   ManyKernel many[2][3];
+  /// Whether many[bf16][0 or 2] sums the first `lanes` elements of these
+  /// sources in float32 (the span rule of docs/design/accuracy.md, "Many
+  /// 16-bit inputs in float32"); nullptr where every vector sums in
+  /// float64. For the tests.
+  bool (*many_in_float32)(const void* const* srcs, int nsrc, bool bf16);
+  std::size_t lanes;
   const char* isa;
 };
 

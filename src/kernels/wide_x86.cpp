@@ -29,8 +29,10 @@
 // of two float16 or bfloat16 values rounded to float32 rounds to the same
 // 16-bit value as the exact sum (docs/design/accuracy.md gives the
 // argument), so those steps run 16 (8) float32 lanes a vector instead of
-// 8 (4) float64 ones. The tails of fewer than one vector go to the
-// portable loops.
+// 8 (4) float64 ones. Many inputs summed (or averaged) take float32 too,
+// vector by vector, where the inputs' exponent span proves the float32 sum
+// exact (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
+// tails of fewer than one vector go to the portable loops.
 
 #include "kernels/wide.hpp"
 #include "kernels/wide_kernels.hpp"
@@ -70,10 +72,17 @@ struct V {
   __m512d lo, hi;
 };
 
+// 16 16-bit encodings.
+using H = __m256i;
+using F = __m512;
+
+inline __attribute__((always_inline)) H load_h(const unsigned char* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
 // 16 16-bit values as float32 (exact).
 template <bool Bf16>
-inline __attribute__((always_inline)) __m512 load16f(const unsigned char* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+inline __attribute__((always_inline)) F widen_h(H h) {
   if constexpr (Bf16)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   else
@@ -81,10 +90,58 @@ inline __attribute__((always_inline)) __m512 load16f(const unsigned char* p) {
 }
 
 template <bool Bf16>
-inline __attribute__((always_inline)) V load16(const unsigned char* p) {
-  const __m512 f = load16f<Bf16>(p);
+inline __attribute__((always_inline)) F load16f(const unsigned char* p) {
+  return widen_h<Bf16>(load_h(p));
+}
+
+// float32 -> float64 (exact).
+inline __attribute__((always_inline)) V widen_f(F f) {
   return {_mm512_cvtps_pd(_mm512_castps512_ps256(f)),
           _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)))};
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) V load16(const unsigned char* p) {
+  return widen_f(load16f<Bf16>(p));
+}
+
+inline __attribute__((always_inline)) F add_f(F a, F b) {
+  return _mm512_add_ps(a, b);
+}
+
+inline __attribute__((always_inline)) __m512i bits_f(F f) {
+  return _mm512_castps_si512(f);
+}
+
+// Each lane's largest magnitude (as encoding bits, sign cleared) and
+// smallest nonzero magnitude less one (a zero wraps to 0xffff, so it never
+// is the minimum unless every input is zero): the exponent span of
+// docs/design/accuracy.md, "Many 16-bit inputs in float32".
+struct Span {
+  H top, low;
+};
+
+inline __attribute__((always_inline)) Span span_start() {
+  return {_mm256_setzero_si256(), _mm256_set1_epi16(-1)};
+}
+
+inline __attribute__((always_inline)) void span_add(Span& s, H h) {
+  const H mag = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+  s.top = _mm256_max_epu16(s.top, mag);
+  s.low = _mm256_min_epu16(s.low, _mm256_sub_epi16(mag, _mm256_set1_epi16(1)));
+}
+
+// Whether every lane has top_exp - low_exp <= window and top_exp <= ceiling
+// (exponent fields; a subnormal's 0 counts as 1; m: the mantissa bits).
+template <int M>
+inline __attribute__((always_inline)) bool span_fits(const Span& s, int window, int ceiling) {
+  const H top = _mm256_srli_epi16(s.top, M);
+  const H low = _mm256_max_epi16(
+      _mm256_srli_epi16(_mm256_add_epi16(s.low, _mm256_set1_epi16(1)), M), _mm256_set1_epi16(1));
+  const H bad =
+      _mm256_or_si256(_mm256_cmpgt_epi16(_mm256_sub_epi16(top, low), _mm256_set1_epi16(window)),
+                      _mm256_cmpgt_epi16(top, _mm256_set1_epi16(ceiling)));
+  return _mm256_testz_si256(bad, bad);
 }
 
 inline __attribute__((always_inline)) V load_wide(const unsigned char* p) {
@@ -107,6 +164,11 @@ inline __attribute__((always_inline)) V apply(V a, V b) {
 inline __attribute__((always_inline)) V divide(V a, double q) {
   const __m512d qv = _mm512_set1_pd(q);
   return {_mm512_div_pd(a.lo, qv), _mm512_div_pd(a.hi, qv)};
+}
+
+inline __attribute__((always_inline)) V scale(V a, double r) {
+  const __m512d rv = _mm512_set1_pd(r);
+  return {_mm512_mul_pd(a.lo, rv), _mm512_mul_pd(a.hi, rv)};
 }
 
 // float64 -> float32 bits, rounded to odd.
@@ -184,10 +246,17 @@ struct V {
   __m256d lo, hi;
 };
 
+// 8 16-bit encodings.
+using H = __m128i;
+using F = __m256;
+
+inline __attribute__((always_inline)) H load_h(const unsigned char* p) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
 // 8 16-bit values as float32 (exact).
 template <bool Bf16>
-inline __attribute__((always_inline)) __m256 load16f(const unsigned char* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+inline __attribute__((always_inline)) F widen_h(H h) {
   if constexpr (Bf16)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   else
@@ -195,9 +264,51 @@ inline __attribute__((always_inline)) __m256 load16f(const unsigned char* p) {
 }
 
 template <bool Bf16>
-inline __attribute__((always_inline)) V load16(const unsigned char* p) {
-  const __m256 f = load16f<Bf16>(p);
+inline __attribute__((always_inline)) F load16f(const unsigned char* p) {
+  return widen_h<Bf16>(load_h(p));
+}
+
+// float32 -> float64 (exact).
+inline __attribute__((always_inline)) V widen_f(F f) {
   return {_mm256_cvtps_pd(_mm256_castps256_ps128(f)), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))};
+}
+
+template <bool Bf16>
+inline __attribute__((always_inline)) V load16(const unsigned char* p) {
+  return widen_f(load16f<Bf16>(p));
+}
+
+inline __attribute__((always_inline)) F add_f(F a, F b) {
+  return _mm256_add_ps(a, b);
+}
+
+inline __attribute__((always_inline)) __m256i bits_f(F f) {
+  return _mm256_castps_si256(f);
+}
+
+// As avx512::Span.
+struct Span {
+  H top, low;
+};
+
+inline __attribute__((always_inline)) Span span_start() {
+  return {_mm_setzero_si128(), _mm_set1_epi16(-1)};
+}
+
+inline __attribute__((always_inline)) void span_add(Span& s, H h) {
+  const H mag = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+  s.top = _mm_max_epu16(s.top, mag);
+  s.low = _mm_min_epu16(s.low, _mm_sub_epi16(mag, _mm_set1_epi16(1)));
+}
+
+template <int M>
+inline __attribute__((always_inline)) bool span_fits(const Span& s, int window, int ceiling) {
+  const H top = _mm_srli_epi16(s.top, M);
+  const H low =
+      _mm_max_epi16(_mm_srli_epi16(_mm_add_epi16(s.low, _mm_set1_epi16(1)), M), _mm_set1_epi16(1));
+  const H bad = _mm_or_si128(_mm_cmpgt_epi16(_mm_sub_epi16(top, low), _mm_set1_epi16(window)),
+                             _mm_cmpgt_epi16(top, _mm_set1_epi16(ceiling)));
+  return _mm_testz_si128(bad, bad);
 }
 
 inline __attribute__((always_inline)) V load_wide(const unsigned char* p) {
@@ -221,6 +332,11 @@ inline __attribute__((always_inline)) V apply(V a, V b) {
 inline __attribute__((always_inline)) V divide(V a, double q) {
   const __m256d qv = _mm256_set1_pd(q);
   return {_mm256_div_pd(a.lo, qv), _mm256_div_pd(a.hi, qv)};
+}
+
+inline __attribute__((always_inline)) V scale(V a, double r) {
+  const __m256d rv = _mm256_set1_pd(r);
+  return {_mm256_mul_pd(a.lo, rv), _mm256_mul_pd(a.hi, rv)};
 }
 
 // The low 32 bits of each 64-bit lane of a compare result.
@@ -317,7 +433,7 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
           ns::many_to_narrow<false, Add, true>},                                             \
          {ns::many_to_narrow<true, Add, false>, ns::many_to_narrow<true, Mul, false>,        \
           ns::many_to_narrow<true, Add, true>}},                                             \
-        isa_name                                                                             \
+        ns::many_in_float32, ns::kLanes, isa_name                                            \
   }
 
 const WideKernels* wide_kernels_avx512() {

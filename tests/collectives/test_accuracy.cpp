@@ -414,6 +414,166 @@ TEST_CASE("every instruction set's 16-bit kernels give the portable loops' bits"
   CHECK_MESSAGE(listed, isa);
 }
 
+// The float32 path of the many-input sum and avg (docs/design/accuracy.md,
+// "Many 16-bit inputs in float32"): a vector sums in float32 only where
+// every lane's exponent span is at most 24 - p - ceil(log2 nsrc) binades and
+// no partial can overflow. Vectors at that edge must take it (zeros and
+// subnormals must not widen the span), vectors one binade beyond, with
+// inf or NaN, or nearer overflow must not, and every one gives the portable
+// loops' bits. The test computes the rule itself and checks it with scalar
+// float32 arithmetic: at the edge the float32 sum is exact; one binade
+// beyond it is not, where the carries can fill the top bit.
+TEST_CASE("the many-input float32 path: window edge, one binade beyond, zeros, subnormals, inf") {
+  const detail::WideKernels& ref = detail::wide_kernels_portable();
+  int checked_tables = 0;
+  for (const detail::WideKernels* k : wide_tables()) {
+    if (!k->many_in_float32) continue;
+    ++checked_tables;
+    const std::size_t lanes = k->lanes;
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const bool bf = t == DataType::bfloat16;
+      const int p = bf ? 8 : 11, mbits = p - 1, full = (1 << mbits) - 1;
+      const int top_field = bf ? 254 : 30;  // largest finite exponent field
+      for (int nsrc = 2; nsrc <= 9; ++nsrc) {
+        int c = 0;
+        while ((1 << c) < nsrc) ++c;
+        const int window = 24 - p - c;
+        const int ceiling = bf ? 254 - c : 30;
+        // Carries can reach 2^(top + c) only when nsrc - 1 values just under
+        // 2^(top + 1) pass it: there one binade beyond is inexact.
+        const bool tight = (nsrc - 1) * (2.0 - std::ldexp(1.0, 1 - p)) >= std::ldexp(1.0, c);
+        auto enc = [&](int sign, int field, int mant) {
+          return static_cast<std::uint16_t>((sign ? 0x8000 : 0) | (field << mbits) | mant);
+        };
+        // One lane: nsrc - 1 inputs at exponent field `top` with the high
+        // mantissa bits set (the most carries), one at field top - span
+        // (0: a subnormal) with its lowest bit set, at position `pos`.
+        auto carry_lane = [&](std::vector<std::uint16_t>& v, int top, int span, int sign,
+                              std::size_t j) {
+          const int pos = static_cast<int>(j % static_cast<std::size_t>(nsrc));
+          for (int q = 0; q < nsrc; ++q)
+            v[q] = q == pos ? enc(sign, top - span, (1 | static_cast<int>(j * 37)) & full)
+                            : enc(sign, top, full - static_cast<int>(j % 3));
+        };
+        struct Case {
+          std::string what;
+          std::vector<std::vector<std::uint16_t>> lane;  // [lane][source]
+          bool float32;                                  // the expected decision
+          bool exact_witness, inexact_witness;
+        };
+        std::vector<Case> cases;
+        auto add = [&](std::string what, bool expect, auto&& fill) {
+          Case cs{std::move(what),
+                  std::vector<std::vector<std::uint16_t>>(lanes, std::vector<std::uint16_t>(nsrc)),
+                  expect, expect, false};
+          for (std::size_t j = 0; j < lanes; ++j) fill(cs.lane[j], j);
+          cases.push_back(std::move(cs));
+        };
+        const int hi = std::min(ceiling, top_field);
+        // Exponent fields for lanes whose smallest input is normal at span s.
+        auto top_at = [&](int s, std::size_t j) {
+          return 1 + s + static_cast<int>(j * 7 % static_cast<std::size_t>(hi - s));
+        };
+        add("edge", true, [&](auto& v, std::size_t j) {
+          carry_lane(v, top_at(window, j), window, static_cast<int>(j & 1), j);
+        });
+        add("beyond", false, [&](auto& v, std::size_t j) {
+          carry_lane(v, top_at(window + 1, j), window + 1, static_cast<int>(j & 1), j);
+        });
+        cases.back().inexact_witness = tight;
+        add("one lane beyond", false, [&](auto& v, std::size_t j) {
+          const int s = j == lanes / 2 ? window + 1 : window;
+          carry_lane(v, top_at(s, j), s, 0, j);
+        });
+        // Zeros contribute nothing: a zero counted as the smallest exponent
+        // would widen these lanes (top >= window + 2) past the window.
+        add("zeros", true, [&](auto& v, std::size_t j) {
+          carry_lane(v, std::max(top_at(window, j), window + 2), window, 0, j);
+          v[1 + j % static_cast<std::size_t>(nsrc - 1)] = (j & 2) ? 0x8000 : 0;
+          if (j == 0)
+            for (auto& x : v) x = 0;
+          if (j == 1)
+            for (int q = 1; q < nsrc; ++q) v[q] = 0x8000;
+        });
+        // A subnormal counts as the smallest normal exponent (field 1).
+        add("subnormal at the edge", true,
+            [&](auto& v, std::size_t j) { carry_lane(v, window + 1, window + 1, 0, j); });
+        add("subnormal one binade beyond", false,
+            [&](auto& v, std::size_t j) { carry_lane(v, window + 2, window + 2, 1, j); });
+        const std::uint16_t inf = enc(0, bf ? 255 : 31, 0), nan = enc(0, bf ? 255 : 31, 1);
+        // Lanes whose other inputs sit at the largest finite exponent, so
+        // that only the exponent field of inf or NaN can refuse them.
+        add("inf", false, [&](auto& v, std::size_t j) {
+          carry_lane(v, top_at(window, j), window, 0, j);
+          if (j == 3)
+            for (int q = 0; q < nsrc; ++q) v[q] = q == 0 ? inf : enc(1, hi, full);
+        });
+        add("nan", false, [&](auto& v, std::size_t j) {
+          carry_lane(v, top_at(window, j), window, 0, j);
+          if (j == 5)
+            for (int q = 0; q < nsrc; ++q) v[q] = q == nsrc - 1 ? nan : enc(0, hi, 3);
+        });
+        add("largest exponent", true, [&](auto& v, std::size_t j) {
+          carry_lane(v, ceiling, static_cast<int>(j % static_cast<std::size_t>(window + 1)),
+                     static_cast<int>(j & 1), j);
+        });
+        if (bf) {
+          // One binade higher the carries reach 2^128: float32 overflows.
+          add("one binade nearer overflow", false, [&](auto& v, std::size_t j) {
+            carry_lane(v, ceiling + 1, static_cast<int>(j % 4), 0, j);
+          });
+          // Mixed signs: the partials overflow float32, the sum does not.
+          add("overflowing partials", false, [&](auto& v, std::size_t j) {
+            for (int q = 0; q < nsrc; ++q)
+              v[q] = enc(q >= (nsrc + 1) / 2 ? 1 : 0, 254 - static_cast<int>(j % 2), full);
+          });
+        }
+        for (const Case& cs : cases) {
+          std::vector<std::vector<std::uint16_t>> src(nsrc, std::vector<std::uint16_t>(lanes));
+          std::vector<const void*> ptrs;
+          for (int q = 0; q < nsrc; ++q) {
+            for (std::size_t j = 0; j < lanes; ++j) src[q][j] = cs.lane[j][q];
+            ptrs.push_back(src[q].data());
+          }
+          const std::string where =
+              std::string(k->isa) + " " + name(t) + " nsrc " + std::to_string(nsrc) + " " + cs.what;
+          CHECK_MESSAGE(k->many_in_float32(ptrs.data(), nsrc, bf) == cs.float32, where,
+                        ": float32 path expected ", cs.float32);
+          bool inexact = false;
+          for (std::size_t j = 0; j < lanes; ++j) {
+            float f = 0;
+            double exact = 0;  // exact: at most 9 inputs within 2^45 of each other
+            for (int q = 0; q < nsrc; ++q) {
+              f += static_cast<float>(decode16(t, cs.lane[j][q]));
+              exact += decode16(t, cs.lane[j][q]);
+            }
+            inexact = inexact || static_cast<double>(f) != exact;
+            if (cs.exact_witness)
+              REQUIRE_MESSAGE(static_cast<double>(f) == exact, where, " lane ", j, ": float32 sum ",
+                              f, " exact ", exact);
+          }
+          if (cs.inexact_witness)
+            CHECK_MESSAGE(inexact, where, ": some lane's float32 sum should round");
+          std::vector<std::uint16_t> got(lanes), want(lanes);
+          for (int form : {0, 2}) {
+            const double q = form == 2 ? static_cast<double>(nsrc) : 1.0;
+            k->many[bf][form](got.data(), ptrs.data(), nsrc, lanes, q);
+            ref.many[bf][form](want.data(), ptrs.data(), nsrc, lanes, q);
+            for (std::size_t j = 0; j < lanes; ++j)
+              REQUIRE_MESSAGE((got[j] == want[j] || (std::isnan(decode16(t, got[j])) &&
+                                                     std::isnan(decode16(t, want[j])))),
+                              where, form == 2 ? " avg" : " sum", " lane ", j, ": 0x", std::hex,
+                              got[j], " want 0x", want[j]);
+          }
+        }
+      }
+    }
+  }
+#if defined(__x86_64__)
+  CHECK(checked_tables > 0);
+#endif
+}
+
 // ---- Inputs: a pure function of (seed, rank, index), so any rank knows all. ----
 
 std::uint64_t mix(std::uint64_t x) {
