@@ -44,14 +44,16 @@ def can_unshare_uts():
     return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
 
 
+def other_host(cmd):
+    """`cmd` in a UTS namespace of its own, under another hostname."""
+    return ["unshare", "--uts", "sh", "-c", 'hostname shmring-elsewhere && exec "$@"', "sh"] + cmd
+
+
 @pytest.mark.skipif(not can_unshare_uts(), reason="needs unshare --uts (root or user namespaces)")
 def test_group_across_two_hosts_works(tmp):
     """Rank 1 sees another hostname: ranks 0 and 2 form one node, rank 1
     another (not consecutive ranks, uneven nodes), and the collectives give
     exact results on every rank."""
-    def other_host(cmd):
-        return ["unshare", "--uts", "sh", "-c", 'hostname shmring-elsewhere && exec "$@"', "sh"] \
-            + cmd
     results = finish_job(start("host", 3, tmp, wrap={1: other_host}))
     assert_all_ok(results)
     for _, out in results:
@@ -63,9 +65,6 @@ def test_refused_on_one_rank_fails_fast_across_hosts(tmp):
     """A group over two hosts (rank 1 alone on the second): a call refused
     by one rank is an error naming it on every rank of both hosts, within
     seconds, whether the refusing rank is alone on its host or not."""
-    def other_host(cmd):
-        return ["unshare", "--uts", "sh", "-c", 'hostname shmring-elsewhere && exec "$@"', "sh"] \
-            + cmd
     results = finish_job(start("one_rank_hosts", 3, tmp, wrap={1: other_host}))
     assert_all_ok(results)
     for _, out in results:
