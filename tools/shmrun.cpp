@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
       "shmrun: launch N local workers of a shmring job\n\n"
       "  shmrun -n N [options] [--] program [args...]\n"
       "  shmrun --list | --cleanup\n"
-      "  shmrun --info [--markdown]\n"};
+      "  shmrun --info [--markdown] [-n N]\n"
+      "  shmrun --status [--job-id ID]\n"};
   app.get_formatter()->column_width(32);
   l::JobSpec spec;
   std::string bind_to = "none";

@@ -91,6 +91,12 @@ SHMRING_C_API shmring_result_t shmring_comm_destroy(shmring_comm_t comm);
 
 SHMRING_C_API shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank);
 SHMRING_C_API shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size);
+/* Sets *may_spin to 1 when this rank's blocking waits may spin now, else 0:
+   0 where the job is oversubscribed, or while any other communicator of
+   this process is (Communicator::waits_may_spin() in
+   shmring/communicator.hpp; docs/guide/tuning.md, "Oversubscription").
+   Not collective. */
+SHMRING_C_API shmring_result_t shmring_comm_waits_may_spin(shmring_comm_t comm, int* may_spin);
 
 /* One collective kind's counters on this rank (Communicator::stats() in
    shmring/communicator.hpp says what each counts). */

@@ -193,6 +193,13 @@ shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size) {
   return SHMRING_SUCCESS;
 }
 
+shmring_result_t shmring_comm_waits_may_spin(shmring_comm_t comm, int* may_spin) {
+  SHMRING_REQUIRE_COMM(comm);
+  if (may_spin == nullptr) return null_output(comm, __func__, "may_spin");
+  *may_spin = comm->comm.waits_may_spin() ? 1 : 0;
+  return SHMRING_SUCCESS;
+}
+
 shmring_result_t shmring_comm_stats(shmring_comm_t comm, shmring_collective_stats_t* out, int max,
                                     int* n) {
   SHMRING_REQUIRE_COMM(comm);

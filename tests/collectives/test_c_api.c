@@ -74,6 +74,22 @@ int main(void) {
   shmring_comm_t bad = NULL;
   CHECK(shmring_comm_init(&bad, 0, 1, "no/slash") == SHMRING_ERR_INVALID_ARGUMENT);
   CHECK(bad == NULL && strstr(shmring_get_last_error(NULL), "no/slash") != NULL);
+  /* waits_may_spin follows SHMRING_OVERSUBSCRIBED (one rank, one at a time:
+     a crowded communicator alive in the process would stop the other's). */
+  char job[64];
+  for (int crowded = 0; crowded <= 1; ++crowded) {
+    setenv("SHMRING_OVERSUBSCRIBED", crowded ? "1" : "0", 1);
+    snprintf(job, sizeof job, "c-api-spin-%d-%ld", crowded, (long)getpid());
+    shmring_comm_t comm = NULL; /* the name CHECK_OK reports */
+    CHECK_OK(shmring_comm_init(&comm, 0, 1, job));
+    int may_spin = -1;
+    CHECK_OK(shmring_comm_waits_may_spin(comm, &may_spin));
+    CHECK(may_spin == !crowded);
+    CHECK(shmring_comm_waits_may_spin(comm, NULL) == SHMRING_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(shmring_get_last_error(comm), "may_spin") != NULL);
+    CHECK_OK(shmring_comm_destroy(comm));
+  }
+  unsetenv("SHMRING_OVERSUBSCRIBED");
   int failed = run_forked_ranks(kRanks, "c-api", run_rank);
   if (!failed) printf("C API: all checks passed on %d ranks\n", kRanks);
   return failed;
