@@ -70,7 +70,8 @@ std::int64_t run_queue_delay_ns() {
   unsigned long long on_cpu = 0, waiting = 0;
   const int got = std::fscanf(f, "%llu %llu", &on_cpu, &waiting);
   std::fclose(f);
-  return got == 2 ? static_cast<std::int64_t>(waiting) : -1;
+  // Without scheduler accounting the kernel writes "0 0 0".
+  return got == 2 && on_cpu > 0 ? static_cast<std::int64_t>(waiting) : -1;
 }
 
 double seconds(Clock::duration d) {
@@ -185,7 +186,7 @@ int train(shmring::Communicator& comm, const Settings& s) {
         world, model.in(), model.hidden(), model.out(), n_params, n_train, n_test, s.batch, world,
         s.accum, micro, steps_per_epoch, s.lr, s.cosine ? "cosine decay" : "constant", s.momentum,
         s.seed);
-  if (lead && comm.config().oversubscribed)
+  if (lead && static_cast<int>(world) > comm.config().job_cpus)
     fmt::print(
         "train_mlp: {} ranks on {} CPU(s): the ranks outnumber the CPUs, so a rank still in an "
         "allreduce can wait for a CPU that a peer's compute holds (the 'runnable but not running' "

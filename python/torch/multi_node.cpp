@@ -157,6 +157,7 @@ c10::intrusive_ptr<Work> CrossNode::submit(::c10d::OpType type, const char* titl
                 ": the process group was destroyed (destroy_process_group)");
     TORCH_CHECK(broken_.empty(), "shmring backend: ", title,
                 ": the process group is unusable after an earlier error: ", broken_);
+    ++submitted_;
     queue_.emplace_back(work, std::move(body));
   }
   cv_.notify_all();

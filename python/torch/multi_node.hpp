@@ -109,8 +109,11 @@ class CrossNode {
   /// This rank refused `op` (its arguments failed a check; the caller is
   /// about to raise why): queues, in call order, a step that fails the
   /// group on every rank of every node, naming this rank, instead of
-  /// leaving the peers to wait in `op` until the timeout. Thread safety: the
-  /// calling thread of the operation, as the operations themselves.
+  /// leaving the peers to wait in `op` until the timeout. When every rank
+  /// refused the same call (each one's step finds all the others' marks in
+  /// the store within kRefusalAgreement), nothing ran anywhere and the group
+  /// stays usable, as on one host. Thread safety: the calling thread of the
+  /// operation, as the operations themselves.
   void refuse(const char* op) noexcept;
 
   /// Allreduces of at least this many bytes take the sharded path (when the
@@ -124,6 +127,10 @@ class CrossNode {
   static constexpr std::size_t kShardBytes = 4u << 20;
   /// How long a failing rank waits for the dead rank's node to name it.
   static constexpr std::chrono::milliseconds kDeathNotice{2000};
+  /// How long a refusing rank waits to learn whether every rank refused the
+  /// same call (then the group stays usable). A refusal on some ranks only
+  /// reaches the others this much later.
+  static constexpr std::chrono::milliseconds kRefusalAgreement{1000};
 
  private:
   using Body = std::function<void()>;
@@ -181,7 +188,8 @@ class CrossNode {
   std::condition_variable cv_;
   std::deque<std::pair<c10::intrusive_ptr<WorkTask>, Body>> queue_;
   bool stop_ = false;
-  std::string broken_;  // the first error's message, once broken
+  std::uint64_t submitted_ = 0;  // operations queued so far (the same sequence on every rank)
+  std::string broken_;           // the first error's message, once broken
   bool released_ = false;
   std::thread executor_;
 };

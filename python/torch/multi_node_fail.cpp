@@ -57,7 +57,26 @@ void CrossNode::refuse(const char* op) noexcept {
   const std::string what = "rank " + std::to_string(rank_) + " made an invalid call to " + op +
                            " (refused by the torch backend; that rank's RuntimeError says why)";
   try {
-    submit(::c10d::OpType::UNKNOWN, "shmring:refused", {}, [what] { throw Refused(what); });
+    std::uint64_t seq = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      seq = submitted_;  // this step's place in the group's call order
+    }
+    const std::string mark = prefix_ + "refusal/" + std::to_string(seq) + "/";
+    submit(::c10d::OpType::UNKNOWN, "shmring:refused", {}, [this, what, mark] {
+      // Every rank that refused this call leaves a mark; when all have,
+      // no rank ran it and nothing needs undoing.
+      store_->set(mark + std::to_string(rank_), std::vector<std::uint8_t>{1});
+      std::vector<std::string> all;
+      for (int r = 0; r < size_; ++r) all.push_back(mark + std::to_string(r));
+      try {
+        store_->wait(all, kRefusalAgreement);
+        return;
+      } catch (...) {
+        // Some rank runs the call: it must fail instead of waiting.
+      }
+      throw Refused(what);
+    });
   } catch (...) {
     // Broken or shut down already: the peers know, or wait for nothing.
   }

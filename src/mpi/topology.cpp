@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -267,7 +268,12 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
   // x 2 ranks on 2 CPUs: docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md). The caller's
   // Options::node or SHMRING_OVERSUBSCRIBED, when 0 or 1, decides instead.
-  const bool env_auto = settings::choice("SHMRING_OVERSUBSCRIBED").value_or("auto") == "auto";
+  // Read as text, not checked: a bad value on one rank must reach the
+  // communicator's own settings step, which refuses it on every rank at
+  // once, naming the rank, rather than fail this rank alone here.
+  std::string env = settings::text("SHMRING_OVERSUBSCRIBED").value_or("auto");
+  for (auto& c : env) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const bool env_auto = env == "auto";
   if (o.oversubscribed < 0 && env_auto && machine_oversubscribed()) o.oversubscribed = 1;
   // A bad setting throws alike on every rank before any segment exists: it
   // goes back to the caller. Anything later (a rank that never arrives, a

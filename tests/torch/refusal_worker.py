@@ -119,7 +119,8 @@ def scenario_one_rank_hosts(rank, size):
     the refusal reaches the other host's ranks too, through the store and
     gloo, not only the refusing rank's node-mates through shmring. Each
     case runs twice: refused by rank 1 (alone on its host), then by rank 2
-    (beside rank 0)."""
+    (beside rank 0). Last, a call every rank refuses leaves the group
+    usable."""
     hosts = [None] * size
     dist.all_gather_object(hosts, socket.gethostname())
     check(hosts[0] == hosts[2] != hosts[1], f"hosts {hosts}")
@@ -146,6 +147,18 @@ def scenario_one_rank_hosts(rank, size):
                   f"rank {bad_rank} made an invalid call")
             dist.destroy_process_group(g)
             print(f"{name} refused by rank {bad_rank} ok", flush=True)
+    # Refused alike by every rank: nothing ran anywhere, and the group
+    # stays usable, as on one host.
+    g = dist.new_group(list(range(size)))
+    report_job(g)
+    bad, _, words = cases(rank, size)["band"]
+    timed(lambda: bad(g), *words)
+    t = values(rank, 10, "SUM", torch.float32)
+    dist.all_reduce(t, group=g)
+    check(torch.equal(t, sum(values(r, 10, "SUM", torch.float32) for r in range(size))),
+          "a group across hosts after a call every rank refused")
+    dist.destroy_process_group(g)
+    print("refused by every rank ok", flush=True)
     t = values(rank, 10, "SUM", torch.float32)
     dist.all_reduce(t)
     check(torch.equal(t, sum(values(r, 10, "SUM", torch.float32) for r in range(size))),
