@@ -133,58 +133,69 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   if (comm == MPI_COMM_NULL)
     throw InvalidArgumentError("shmring::mpi::Communicator: comm is MPI_COMM_NULL");
 
-  // Settings first: a bad value throws on every rank alike, before any
-  // communication.
-  // The environment's values through the library's one table and parser
-  // (shmring/settings.hpp), Options' through this layer's own checks.
-  algorithm = !options.algorithm.empty()
-                  ? parse_algorithm(options.algorithm, "Options::algorithm")
-                  : parse_algorithm(settings::choice("SHMRING_MPI_ALGO").value_or("auto"),
-                                    "SHMRING_MPI_ALGO");
-  // The shards crossover: explicit (options, then the environment), or
-  // decided below once the ranks' CPUs are known (shards_auto).
-  bool shards_auto = false;
-  shards_bytes = options.shards_bytes;
-  if (shards_bytes == 0) {
-    const auto env = settings::bytes("SHMRING_MPI_SHARDS_BYTES");
-    shards_bytes = env ? static_cast<std::size_t>(*env) : kDefaultShardsBytes;
-    shards_auto = !env;
-  }
-  // Pieces: explicit (options, then the environment), or decided below once
-  // the ranks' CPUs are known (pipeline_auto).
-  bool pipeline_auto = false;
-  piece_bytes = options.piece_bytes;
-  if (piece_bytes == 0) {
-    const auto env = settings::bytes("SHMRING_MPI_PIECE_BYTES");  // "auto": unset
-    if (env)
-      piece_bytes = static_cast<std::size_t>(*env);
-    else
-      pipeline_auto = true;
-  } else if (piece_bytes == SIZE_MAX) {
-    piece_bytes = 0;  // not pipelined
-  }
-  // MPI call size: explicit (options, then the environment) or the default.
-  // Below a page a large stage would take a call per few elements.
-  call_bytes = options.call_bytes;
-  if (call_bytes == SIZE_MAX) {
-    call_bytes = 0;  // one call
-  } else if (call_bytes != 0) {
-    if (call_bytes < kMinCallBytes)
-      throw InvalidArgumentError(fmt::format(
-          "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
-          call_bytes, kMinCallBytes));
-  } else {
-    const auto env = settings::bytes("SHMRING_MPI_CALL_BYTES");
-    call_bytes = env ? static_cast<std::size_t>(*env) : kDefaultCallBytes;
-    if (call_bytes != 0 && call_bytes < kMinCallBytes)
-      throw InvalidArgumentError(
-          fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes",
-                      *settings::text("SHMRING_MPI_CALL_BYTES"), kMinCallBytes));
-  }
-  if (options.abort_on_error >= 0) {
-    abort_on_error = options.abort_on_error != 0;
-  } else {
-    abort_on_error = settings::choice("SHMRING_MPI_ON_ERROR").value_or("abort") == "abort";
+  // Settings first. The environment may differ between ranks, so a bad
+  // value on one rank is agreed on after MPI_Comm_dup: every rank then
+  // throws the lowest refusing rank's message, rather than that rank alone
+  // while the others wait in MPI, which has no timeout.
+  std::string refused;
+  bool shards_auto = false;        // decided below once the ranks' CPUs are known
+  bool pipeline_auto = false;      // likewise
+  std::string oversubscribed_env;  // SHMRING_OVERSUBSCRIBED, for the node communicator
+  try {
+    [&] {
+      oversubscribed_env = settings::choice("SHMRING_OVERSUBSCRIBED").value_or("auto");
+      // The environment's values through the library's one table and parser
+      // (shmring/settings.hpp), Options' through this layer's own checks.
+      algorithm = !options.algorithm.empty()
+                      ? parse_algorithm(options.algorithm, "Options::algorithm")
+                      : parse_algorithm(settings::choice("SHMRING_MPI_ALGO").value_or("auto"),
+                                        "SHMRING_MPI_ALGO");
+      // The shards crossover: explicit (options, then the environment), or
+      // decided below once the ranks' CPUs are known (shards_auto).
+      shards_bytes = options.shards_bytes;
+      if (shards_bytes == 0) {
+        const auto env = settings::bytes("SHMRING_MPI_SHARDS_BYTES");
+        shards_bytes = env ? static_cast<std::size_t>(*env) : kDefaultShardsBytes;
+        shards_auto = !env;
+      }
+      // Pieces: explicit (options, then the environment), or decided below once
+      // the ranks' CPUs are known (pipeline_auto).
+      piece_bytes = options.piece_bytes;
+      if (piece_bytes == 0) {
+        const auto env = settings::bytes("SHMRING_MPI_PIECE_BYTES");  // "auto": unset
+        if (env)
+          piece_bytes = static_cast<std::size_t>(*env);
+        else
+          pipeline_auto = true;
+      } else if (piece_bytes == SIZE_MAX) {
+        piece_bytes = 0;  // not pipelined
+      }
+      // MPI call size: explicit (options, then the environment) or the default.
+      // Below a page a large stage would take a call per few elements.
+      call_bytes = options.call_bytes;
+      if (call_bytes == SIZE_MAX) {
+        call_bytes = 0;  // one call
+      } else if (call_bytes != 0) {
+        if (call_bytes < kMinCallBytes)
+          throw InvalidArgumentError(fmt::format(
+              "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
+              call_bytes, kMinCallBytes));
+      } else {
+        const auto env = settings::bytes("SHMRING_MPI_CALL_BYTES");
+        call_bytes = env ? static_cast<std::size_t>(*env) : kDefaultCallBytes;
+        if (call_bytes != 0 && call_bytes < kMinCallBytes)
+          throw InvalidArgumentError(
+              fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes",
+                          *settings::text("SHMRING_MPI_CALL_BYTES"), kMinCallBytes));
+      }
+      if (options.abort_on_error >= 0) {
+        abort_on_error = options.abort_on_error != 0;
+      } else {
+        abort_on_error = settings::choice("SHMRING_MPI_ON_ERROR").value_or("abort") == "abort";
+      }
+    }();
+  } catch (const InvalidArgumentError& e) {
+    refused = e.what();
   }
 
   check_mpi(MPI_Comm_dup(comm, &world), "setup: MPI_Comm_dup");
@@ -192,6 +203,23 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN);
   MPI_Comm_rank(world, &rank);
   MPI_Comm_size(world, &size);
+  {
+    const int mine = refused.empty() ? size : rank;
+    int first = size;
+    check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, world),
+              "setup: MPI_Allreduce of the settings checks");
+    if (first < size) {
+      std::array<char, 1024> text{};
+      if (first == rank) {
+        const std::string m = fmt::format("rank {}: {}", rank, refused);
+        std::copy_n(m.begin(), std::min(m.size(), text.size() - 1), text.begin());
+      }
+      check_mpi(MPI_Bcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, first, world),
+                "setup: MPI_Bcast of a refused setting");
+      MPI_Comm_free(&world);
+      throw InvalidArgumentError(text.data());
+    }
+  }
 
   // Node groups: one MPI_Allgather of every rank's host identity. Nodes are
   // numbered in the order of their lowest rank, local ranks by MPI rank, so
@@ -268,12 +296,7 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   // it has CPUs, its waits must yield to them rather than spin (2 fake nodes
   // x 2 ranks on 2 CPUs: docs/performance/notes/2026-12-01-intel-hierarchical-p2p.md). The caller's
   // Options::node or SHMRING_OVERSUBSCRIBED, when 0 or 1, decides instead.
-  // Read as text, not checked: a bad value on one rank must reach the
-  // communicator's own settings step, which refuses it on every rank at
-  // once, naming the rank, rather than fail this rank alone here.
-  std::string env = settings::text("SHMRING_OVERSUBSCRIBED").value_or("auto");
-  for (auto& c : env) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const bool env_auto = env == "auto";
+  const bool env_auto = oversubscribed_env == "auto";  // checked with the settings above
   if (o.oversubscribed < 0 && env_auto && machine_oversubscribed()) o.oversubscribed = 1;
   // A bad setting throws alike on every rank before any segment exists: it
   // goes back to the caller. Anything later (a rank that never arrives, a

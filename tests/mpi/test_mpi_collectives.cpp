@@ -465,6 +465,25 @@ void test_bad_arguments(smpi::Communicator& comm) {
       fmt::print(stderr, "rank {}: FAIL SHMRING_MPI_CALL_BYTES={} was not refused\n", g_rank, env);
     record(ok);
   }
+  // A bad value on one rank only: every rank throws that rank's error at
+  // once (no rank waits in MPI for the refusing one).
+  for (const char* var : {"SHMRING_MPI_ALGO", "SHMRING_OVERSUBSCRIBED"}) {
+    const int bad_rank = g_size - 1;
+    ok = false;
+    if (g_rank == bad_rank) setenv(var, "bogus", 1);
+    try {
+      smpi::Communicator bad(MPI_COMM_WORLD);
+    } catch (const shmring::InvalidArgumentError& e) {
+      const std::string m = e.what();
+      ok = m.find(fmt::format("rank {}", bad_rank)) != std::string::npos &&
+           m.find(fmt::format("{}='bogus'", var)) != std::string::npos;
+    }
+    if (g_rank == bad_rank) unsetenv(var);
+    if (!ok)
+      fmt::print(stderr, "rank {}: FAIL {}=bogus on rank {} only was not refused on every rank\n",
+                 g_rank, var, bad_rank);
+    record(ok);
+  }
   ok = false;
   try {
     smpi::Options o;
