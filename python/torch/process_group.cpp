@@ -90,6 +90,9 @@ struct Placement {
   std::string prefix;  // "shmring/<generation>/"
 };
 
+// A host entry of a rank whose settings were refused: this, then why.
+const std::string kRefusedEntry = "refused: ";
+
 Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout) {
   TORCH_CHECK(store, "shmring backend: no store given to the process group");
@@ -100,8 +103,21 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
   const std::string prefix = "shmring/" + std::to_string(generation) + "/";
   auto host_key = [&](int r) { return prefix + "host/" + std::to_string(r); };
   const std::string host = host_identity();
+  // The backend's own settings, checked here so that a bad value on one
+  // rank is every rank's error at once: the entry carries it instead of
+  // this rank's pid and host, and every rank raises it below.
+  std::string refused;
+  try {
+    (void)settings::bytes("SHMRING_TORCH_SHARD_BYTES");
+    (void)job_tag();
+  } catch (const c10::Error& e) {
+    refused = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
   // "pid host": the pid lets the ranks of a node tell which one died.
-  const std::string entry = std::to_string(getpid()) + " " + host;
+  const std::string entry =
+      refused.empty() ? std::to_string(getpid()) + " " + host : kRefusedEntry + refused;
   store->set(host_key(rank), std::vector<std::uint8_t>(entry.begin(), entry.end()));
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(host_key(r));
@@ -125,6 +141,8 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
   for (int r = 0; r < size; ++r) {
     const std::vector<std::uint8_t> bytes = store->get(host_key(r));
     const std::string value(bytes.begin(), bytes.end());
+    TORCH_CHECK(value.rfind(kRefusedEntry, 0) != 0, "shmring backend: rank ", r, ": ",
+                value.substr(kRefusedEntry.size()));
     const auto space = value.find(' ');
     TORCH_CHECK(space != std::string::npos, "shmring backend: store key ", host_key(r), " holds '",
                 value, "', not a shmring host entry");

@@ -11,6 +11,7 @@ on a group of its own (dist.new_group). Exits 0 when every check held.
 """
 
 import datetime
+import os
 import socket
 import sys
 import time
@@ -170,6 +171,16 @@ def main():
     scenario, rank, size, init_method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4]
     kw = dict(timeout=datetime.timedelta(seconds=60))
+    if scenario == "bad_setting":
+        # One rank's own backend setting is bad: every rank's
+        # init_process_group raises at once, naming that rank and the value.
+        if rank == BAD:
+            os.environ["SHMRING_TORCH_SHARD_BYTES"] = "4MiB"
+        timed(lambda: dist.init_process_group("shmring", init_method=init_method, rank=rank,
+                                              world_size=size, **kw),
+              f"rank {BAD}: SHMRING_TORCH_SHARD_BYTES='4MiB': expected a number of bytes")
+        print("bad_setting ok", flush=True)
+        return
     if scenario == "host":
         # Rank 1 runs under another hostname (the test puts it in a UTS
         # namespace of its own): the group spans two hosts, ranks 0 and 2 on

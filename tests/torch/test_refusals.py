@@ -38,6 +38,16 @@ def test_refused_on_one_rank_fails_fast_everywhere(tmp, size):
         assert "one_rank ok" in out
 
 
+def test_bad_setting_on_one_rank_fails_every_rank(tmp):
+    """SHMRING_TORCH_SHARD_BYTES='4MiB' on rank 1 only: every rank's
+    init_process_group raises at once, naming rank 1 and the value, instead
+    of the others waiting out the group's timeout."""
+    results = finish_job(start("bad_setting", 3, tmp))
+    assert_all_ok(results)
+    for _, out in results:
+        assert "bad_setting ok" in out
+
+
 def can_unshare_uts():
     if shutil.which("unshare") is None:
         return False
