@@ -142,58 +142,56 @@ void Communicator::Impl::setup(MPI_Comm comm, const Options& options) {
   bool pipeline_auto = false;      // likewise
   std::string oversubscribed_env;  // SHMRING_OVERSUBSCRIBED, for the node communicator
   try {
-    [&] {
-      oversubscribed_env = settings::choice("SHMRING_OVERSUBSCRIBED").value_or("auto");
-      // The environment's values through the library's one table and parser
-      // (shmring/settings.hpp), Options' through this layer's own checks.
-      algorithm = !options.algorithm.empty()
-                      ? parse_algorithm(options.algorithm, "Options::algorithm")
-                      : parse_algorithm(settings::choice("SHMRING_MPI_ALGO").value_or("auto"),
-                                        "SHMRING_MPI_ALGO");
-      // The shards crossover: explicit (options, then the environment), or
-      // decided below once the ranks' CPUs are known (shards_auto).
-      shards_bytes = options.shards_bytes;
-      if (shards_bytes == 0) {
-        const auto env = settings::bytes("SHMRING_MPI_SHARDS_BYTES");
-        shards_bytes = env ? static_cast<std::size_t>(*env) : kDefaultShardsBytes;
-        shards_auto = !env;
-      }
-      // Pieces: explicit (options, then the environment), or decided below once
-      // the ranks' CPUs are known (pipeline_auto).
-      piece_bytes = options.piece_bytes;
-      if (piece_bytes == 0) {
-        const auto env = settings::bytes("SHMRING_MPI_PIECE_BYTES");  // "auto": unset
-        if (env)
-          piece_bytes = static_cast<std::size_t>(*env);
-        else
-          pipeline_auto = true;
-      } else if (piece_bytes == SIZE_MAX) {
-        piece_bytes = 0;  // not pipelined
-      }
-      // MPI call size: explicit (options, then the environment) or the default.
-      // Below a page a large stage would take a call per few elements.
-      call_bytes = options.call_bytes;
-      if (call_bytes == SIZE_MAX) {
-        call_bytes = 0;  // one call
-      } else if (call_bytes != 0) {
-        if (call_bytes < kMinCallBytes)
-          throw InvalidArgumentError(fmt::format(
-              "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
-              call_bytes, kMinCallBytes));
-      } else {
-        const auto env = settings::bytes("SHMRING_MPI_CALL_BYTES");
-        call_bytes = env ? static_cast<std::size_t>(*env) : kDefaultCallBytes;
-        if (call_bytes != 0 && call_bytes < kMinCallBytes)
-          throw InvalidArgumentError(
-              fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes",
-                          *settings::text("SHMRING_MPI_CALL_BYTES"), kMinCallBytes));
-      }
-      if (options.abort_on_error >= 0) {
-        abort_on_error = options.abort_on_error != 0;
-      } else {
-        abort_on_error = settings::choice("SHMRING_MPI_ON_ERROR").value_or("abort") == "abort";
-      }
-    }();
+    oversubscribed_env = settings::choice("SHMRING_OVERSUBSCRIBED").value_or("auto");
+    // The environment's values through the library's one table and parser
+    // (shmring/settings.hpp), Options' through this layer's own checks.
+    algorithm = !options.algorithm.empty()
+                    ? parse_algorithm(options.algorithm, "Options::algorithm")
+                    : parse_algorithm(settings::choice("SHMRING_MPI_ALGO").value_or("auto"),
+                                      "SHMRING_MPI_ALGO");
+    // The shards crossover: explicit (options, then the environment), or
+    // decided below once the ranks' CPUs are known (shards_auto).
+    shards_bytes = options.shards_bytes;
+    if (shards_bytes == 0) {
+      const auto env = settings::bytes("SHMRING_MPI_SHARDS_BYTES");
+      shards_bytes = env ? static_cast<std::size_t>(*env) : kDefaultShardsBytes;
+      shards_auto = !env;
+    }
+    // Pieces: explicit (options, then the environment), or decided below once
+    // the ranks' CPUs are known (pipeline_auto).
+    piece_bytes = options.piece_bytes;
+    if (piece_bytes == 0) {
+      const auto env = settings::bytes("SHMRING_MPI_PIECE_BYTES");  // "auto": unset
+      if (env)
+        piece_bytes = static_cast<std::size_t>(*env);
+      else
+        pipeline_auto = true;
+    } else if (piece_bytes == SIZE_MAX) {
+      piece_bytes = 0;  // not pipelined
+    }
+    // MPI call size: explicit (options, then the environment) or the default.
+    // Below a page a large stage would take a call per few elements.
+    call_bytes = options.call_bytes;
+    if (call_bytes == SIZE_MAX) {
+      call_bytes = 0;  // one call
+    } else if (call_bytes != 0) {
+      if (call_bytes < kMinCallBytes)
+        throw InvalidArgumentError(fmt::format(
+            "Options::call_bytes={}: expected 0 (the default), SIZE_MAX (one call) or >= {}",
+            call_bytes, kMinCallBytes));
+    } else {
+      const auto env = settings::bytes("SHMRING_MPI_CALL_BYTES");
+      call_bytes = env ? static_cast<std::size_t>(*env) : kDefaultCallBytes;
+      if (call_bytes != 0 && call_bytes < kMinCallBytes)
+        throw InvalidArgumentError(
+            fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least {} bytes",
+                        *settings::text("SHMRING_MPI_CALL_BYTES"), kMinCallBytes));
+    }
+    if (options.abort_on_error >= 0) {
+      abort_on_error = options.abort_on_error != 0;
+    } else {
+      abort_on_error = settings::choice("SHMRING_MPI_ON_ERROR").value_or("abort") == "abort";
+    }
   } catch (const InvalidArgumentError& e) {
     refused = e.what();
   }
