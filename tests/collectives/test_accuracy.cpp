@@ -574,6 +574,118 @@ TEST_CASE("the many-input float32 path: window edge, one binade beyond, zeros, s
 #endif
 }
 
+// The float32 path over runs of vectors, as the direct and two-shot paths
+// call it: vectors at the window's edge and vectors far beyond it
+// interleaved (each failed check sends the next vectors to float64 for a
+// while, then the check resumes), a tail shorter than a vector, sources and
+// destination at odd byte offsets. Every element must carry the portable
+// loops' bits. Each "beyond" lane is a double-rounding witness: x, half an
+// ulp of x and a value below float32's reach, so summed in float32 it lands
+// on the 16-bit midpoint and rounds to even, while the exact sum rounds up.
+// A vector summed in float32 without its check, or a tail taken for a
+// vector, therefore changes bits (2 inputs cannot make such a witness, so
+// the runs start at 3).
+TEST_CASE("the many-input float32 path over runs: mixed vectors, tails, odd offsets") {
+  const detail::WideKernels& ref = detail::wide_kernels_portable();
+  int checked_tables = 0;
+  for (const detail::WideKernels* k : wide_tables()) {
+    if (!k->many_in_float32) continue;
+    ++checked_tables;
+    const std::size_t lanes = k->lanes;
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const bool bf = t == DataType::bfloat16;
+      const int p = bf ? 8 : 11, mbits = p - 1, full = (1 << mbits) - 1;
+      for (int nsrc = 3; nsrc <= 9; ++nsrc) {
+        int c = 0;
+        while ((1 << c) < nsrc) ++c;
+        const int window = 24 - p - c;
+        const int hi = bf ? 254 - c : 30;
+        auto enc = [&](int sign, int field, int mant) {
+          return static_cast<std::uint16_t>((sign ? 0x8000 : 0) | (field << mbits) | mant);
+        };
+        // Vector kinds in order: 0 at the window's edge, 1 far beyond it.
+        // Single failures, a pair (the second inside the retry stretch of
+        // the first), failures just after a retry stretch ends, and long
+        // edge runs between.
+        const std::vector<int> kinds = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        for (std::size_t tail : {std::size_t{0}, std::size_t{1}, lanes - 1}) {
+          const std::size_t n = kinds.size() * lanes + tail;
+          // [source][element], one byte in: every pointer at an odd address.
+          std::vector<std::vector<unsigned char>> src(nsrc, std::vector<unsigned char>(2 * n + 1));
+          for (std::size_t e = 0; e < n; ++e) {
+            // The tail's elements are witnesses too.
+            const bool beyond = e / lanes >= kinds.size() || kinds[e / lanes] == 1;
+            const int sign = static_cast<int>((e >> 1) & 1);
+            const int rot = static_cast<int>(e % static_cast<std::size_t>(nsrc));
+            std::vector<std::uint16_t> v(nsrc, 0);  // zeros: no part of the span
+            if (beyond) {
+              // x (even last bit) at field f, half its ulp, and z below
+              // float32's half ulp of x (2^-25 of it) but within float64's
+              // reach of it (so `exact` below is): 2^-30 of x for bfloat16,
+              // the smallest subnormal for float16 (f >= 26: 2^-35 or more).
+              const int f = hi - static_cast<int>(e % 5);
+              v[0] = enc(sign, f, (static_cast<int>(e * 37) & full) & ~1);
+              v[1] = enc(sign, f - p, 0);
+              v[2] = bf ? enc(sign, f - 30, 1) : enc(sign, 0, 1);
+            } else {
+              // As "edge" in the case above: nsrc - 1 inputs at field top
+              // with the high mantissa bits set, one at top - window.
+              const int top =
+                  1 + window + static_cast<int>(e * 7 % static_cast<std::size_t>(hi - window));
+              for (int q = 0; q < nsrc; ++q)
+                v[q] = q == 0 ? enc(sign, top - window, (1 | static_cast<int>(e * 37)) & full)
+                              : enc(sign, top, full - static_cast<int>(e % 3));
+            }
+            float f32 = 0;
+            double exact = 0;  // exact: each lane spans less than 53 bits
+            for (int q = 0; q < nsrc; ++q) {
+              const std::uint16_t x = v[(q + rot) % nsrc];
+              std::memcpy(src[q].data() + 1 + 2 * e, &x, 2);
+              f32 += static_cast<float>(decode16(t, x));
+              exact += decode16(t, x);
+            }
+            if (beyond)
+              REQUIRE_MESSAGE(encode16(t, f32) != encode16(t, exact), std::string(name(t)),
+                              " nsrc ", nsrc, " element ", e, ": not a double-rounding witness");
+            else
+              REQUIRE_MESSAGE(static_cast<double>(f32) == exact, std::string(name(t)), " nsrc ",
+                              nsrc, " element ", e,
+                              ": the float32 sum at the edge should be exact");
+          }
+          std::vector<const void*> ptrs;
+          for (int q = 0; q < nsrc; ++q) ptrs.push_back(src[q].data() + 1);
+          const std::string where = std::string(k->isa) + " " + name(t) + " nsrc " +
+                                    std::to_string(nsrc) + " tail " + std::to_string(tail);
+          // The first vector takes the float32 path, the second does not.
+          CHECK_MESSAGE(k->many_in_float32(ptrs.data(), nsrc, bf), where);
+          std::vector<const void*> second;
+          for (const void* q : ptrs)
+            second.push_back(static_cast<const unsigned char*>(q) + 2 * lanes);
+          CHECK_MESSAGE(!k->many_in_float32(second.data(), nsrc, bf), where);
+          std::vector<unsigned char> got(2 * n + 1), want(2 * n + 1);
+          for (int form : {0, 2}) {
+            const double q = form == 2 ? static_cast<double>(nsrc) : 1.0;
+            k->many[bf][form](got.data() + 1, ptrs.data(), nsrc, n, q);
+            ref.many[bf][form](want.data() + 1, ptrs.data(), nsrc, n, q);
+            for (std::size_t e = 0; e < n; ++e) {
+              std::uint16_t g, w;
+              std::memcpy(&g, got.data() + 1 + 2 * e, 2);
+              std::memcpy(&w, want.data() + 1 + 2 * e, 2);
+              REQUIRE_MESSAGE(g == w, where, form == 2 ? " avg" : " sum", " element ", e,
+                              " (vector ", e / lanes, "): encoding ", g, ", want ", w);
+            }
+          }
+        }
+      }
+    }
+  }
+#if defined(__x86_64__)
+  CHECK(checked_tables > 0);
+#endif
+}
+
 // ---- Inputs: a pure function of (seed, rank, index), so any rank knows all. ----
 
 std::uint64_t mix(std::uint64_t x) {
