@@ -58,7 +58,8 @@ std::uint64_t parse_bytes(const Setting& s, const std::string& v) {
   const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
   // strtoull takes a sign and wraps "-1": only digits are a byte count.
   if (errno != 0 || end == v.c_str() || *end != '\0' ||
-      v.find_first_not_of("0123456789") != std::string::npos)
+      v.find_first_not_of("0123456789") != std::string::npos ||
+      (x != 0 && x < static_cast<unsigned long long>(s.lo)))
     refuse(s.name, v, s.expected.empty() ? "a number of bytes (an integer >= 0)" : s.expected);
   return x;
 }
@@ -145,9 +146,9 @@ std::optional<std::string> choice_of(const Setting& s) {
   return choice_value(s, *v);
 }
 
-// A bytes variable whose default is "auto" takes that word too, as unset.
+// A bytes variable declared takes_auto takes that word too, as unset.
 bool is_auto(const Setting& s, const std::string& v) {
-  return s.default_value == "auto" && lower(v) == "auto";
+  return s.takes_auto && lower(v) == "auto";
 }
 
 std::optional<std::uint64_t> bytes_of(const Setting& s) {

@@ -36,7 +36,8 @@ enum class Audience : std::uint8_t { user, tuning, debug, development };
 /// How the value is read. integer/number: a decimal in [lo, hi] (and a
 /// multiple of `multiple` when it is not 0); choice: one of `choices`;
 /// hex: 1 to 16 hex digits, not all zero; text: any non-empty string,
-/// checked by its reader; bytes: a decimal integer >= 0 (bytes_of).
+/// checked by its reader; bytes: a decimal integer >= 0, and 0 or at least
+/// `lo` when lo is not 0 (bytes_of).
 enum class Kind : std::uint8_t { integer, number, choice, hex, text, bytes };
 
 struct Setting {
@@ -58,6 +59,8 @@ struct Setting {
   /// returns the value. Compared case-insensitively unless exact_case.
   std::string_view choices = {};
   bool exact_case = false;
+  /// bytes: the word "auto" (any case) reads as unset, so the reader decides.
+  bool takes_auto = false;
 };
 
 inline constexpr long long kMaxRanks = 4096;
@@ -171,10 +174,10 @@ inline constexpr Setting kSettings[] = {
    .doc = "MPI layer: the allreduce across nodes.",
    .readers = "libshmring_mpi (src/mpi/topology.cpp)", .choices = "auto,leaders,shards,flat"},
   {.name = "SHMRING_MPI_SHARDS_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
-   .default_value = "automatic (65536 where each rank has a CPU)",
-   .expected = "a number of bytes (an integer >= 0)",
+   .default_value = "auto (65536 where each rank has a CPU)",
+   .expected = "auto or a number of bytes (an integer >= 0)",
    .doc = "MPI layer: messages from this size use the shards allreduce.",
-   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)", .takes_auto = true},
   {.name = "SHMRING_TORCH_SHARD_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
    .default_value = "4194304 (4 MiB)", .expected = "a number of bytes (an integer >= 0)",
    .doc = "torch backend across hosts: allreduces from this size take the sharded path.",
@@ -186,11 +189,11 @@ inline constexpr Setting kSettings[] = {
   {.name = "SHMRING_MPI_PIECE_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
    .default_value = "auto", .expected = "auto or a number of bytes (an integer >= 0)",
    .doc = "MPI layer: pipeline piece size of the hierarchical allreduce; 0: no pipelining.",
-   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)", .takes_auto = true},
   {.name = "SHMRING_MPI_CALL_BYTES", .kind = Kind::bytes, .audience = Audience::tuning,
    .default_value = "2097152", .expected = "0 (one call) or at least 4096 bytes",
    .doc = "MPI layer: most bytes one MPI call between nodes moves.",
-   .readers = "libshmring_mpi (src/mpi/topology.cpp)"},
+   .readers = "libshmring_mpi (src/mpi/topology.cpp)", .lo = 4096},
 
   // --- debug ---------------------------------------------------------------
   {.name = "SHMRING_MEMBARRIER", .kind = Kind::integer, .audience = Audience::debug,
@@ -236,6 +239,21 @@ inline constexpr Setting kSettings[] = {
    .doc = "How long the header fuzzer runs.", .readers = "tests/faults/run_fuzz.sh"},
 };
 // clang-format on
+
+/// A declaration is consistent with itself: a byte count says "auto" in its
+/// default exactly when it takes the word, and names its minimum in what it
+/// expects.
+constexpr bool bytes_declarations_consistent() {
+  for (const Setting& s : kSettings) {
+    if (s.kind != Kind::bytes) continue;
+    if (s.default_value.starts_with("auto") != s.takes_auto) return false;
+    if (s.takes_auto != s.expected.starts_with("auto or ")) return false;
+    if (s.lo < 0 || (s.lo > 0 && s.expected.find("at least") == std::string_view::npos))
+      return false;
+  }
+  return true;
+}
+static_assert(bytes_declarations_consistent());
 
 /// Index of `name` in kSettings, or kSettings' size when undeclared.
 constexpr std::size_t index_of(std::string_view name) {
@@ -290,8 +308,9 @@ std::optional<std::uint64_t> hex(Name name);
 /// serve the layers over the public API.
 std::optional<std::string> text_of(const Setting& s);
 std::optional<std::string> choice_of(const Setting& s);
-/// Kind::bytes: a decimal integer >= 0 that fits in 64 bits; nullopt when
-/// unset, and for the word "auto" where the default is "auto".
+/// Kind::bytes: a decimal integer >= 0 that fits in 64 bits (0 or at least
+/// lo where lo is set); nullopt when unset, and for the word "auto" where
+/// the declaration takes_auto.
 std::optional<std::uint64_t> bytes_of(const Setting& s);
 
 /// Throws InvalidArgumentError "NAME='value': expected <what>".

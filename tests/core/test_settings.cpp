@@ -140,16 +140,27 @@ TEST_CASE("the public lookups: byte counts, choices and text by name, through th
   setenv(bytes, "18446744073709551615", 1);
   CHECK(settings::bytes(bytes) == std::optional<std::uint64_t>(UINT64_MAX));
   unsetenv(bytes);
-  for (const char* bad : {"-1", "+5", "4k", " 7", "0x10", "18446744073709551616", "auto"}) {
+  setenv(bytes, "0", 1);
+  CHECK(settings::bytes(bytes) == std::optional<std::uint64_t>(0));
+  unsetenv(bytes);
+  // Below the table's minimum (0 means one call), refused as a bad number is.
+  for (const char* bad :
+       {"-1", "+5", "4k", " 7", "0x10", "18446744073709551616", "auto", "1", "100", "4095"}) {
     CAPTURE(bad);
     CHECK(refusal(bytes, bad, [&] { return settings::bytes(bytes); }) ==
           fmt::format("SHMRING_MPI_CALL_BYTES='{}': expected 0 (one call) or at least 4096 bytes",
                       bad));
   }
-  // A bytes variable whose default is auto takes the word as unset.
-  setenv("SHMRING_MPI_PIECE_BYTES", "AUTO", 1);
-  CHECK(!settings::bytes("SHMRING_MPI_PIECE_BYTES").has_value());
-  unsetenv("SHMRING_MPI_PIECE_BYTES");
+  // A bytes variable declared with "auto" takes the word as unset.
+  for (const char* name : {"SHMRING_MPI_PIECE_BYTES", "SHMRING_MPI_SHARDS_BYTES"}) {
+    CAPTURE(name);
+    setenv(name, "AUTO", 1);
+    CHECK(!settings::bytes(name).has_value());
+    CHECK_NOTHROW(st::check(*st::find(name), "auto"));
+    unsetenv(name);
+  }
+  CHECK_THROWS_AS(st::check(*st::find(bytes), "100"), InvalidArgumentError);
+  CHECK_NOTHROW(st::check(*st::find(bytes), "0"));
   CHECK(refusal("SHMRING_TORCH_SHARD_BYTES", "-4096", [] {
           return settings::bytes("SHMRING_TORCH_SHARD_BYTES");
         }) == "SHMRING_TORCH_SHARD_BYTES='-4096': expected a number of bytes (an integer >= 0)");
