@@ -108,13 +108,14 @@ class CrossNode {
   c10::intrusive_ptr<Work> barrier();
   /// This rank refused `op` (its arguments failed a check; the caller is
   /// about to raise why): queues, in call order, a step that fails the
-  /// group on every rank of every node, naming this rank, instead of
+  /// group on every rank of every node, naming this rank and `reason` (this
+  /// rank's error message), instead of
   /// leaving the peers to wait in `op` until the timeout. When every rank
   /// refused the same call (each one's step finds all the others' marks in
   /// the store within kRefusalAgreement), nothing ran anywhere and the group
   /// stays usable, as on one host. Thread safety: the calling thread of the
   /// operation, as the operations themselves.
-  void refuse(const char* op) noexcept;
+  void refuse(const char* op, const std::string& reason) noexcept;
 
   /// Allreduces of at least this many bytes take the sharded path (when the
   /// nodes are equal): SHMRING_TORCH_SHARD_BYTES, else kShardBytes. On the

@@ -53,9 +53,13 @@ bool is_refusal(const std::exception_ptr& error) {
 
 }  // namespace
 
-void CrossNode::refuse(const char* op) noexcept {
-  const std::string what = "rank " + std::to_string(rank_) + " made an invalid call to " + op +
-                           " (refused by the torch backend; that rank's RuntimeError says why)";
+void CrossNode::refuse(const char* op, const std::string& reason) noexcept {
+  std::string what;
+  try {
+    what = "rank " + std::to_string(rank_) + " made an invalid call to " + op + ": " + reason;
+  } catch (...) {
+    return;  // out of memory: the peers fail at the timeout instead
+  }
   try {
     std::uint64_t seq = 0;
     {

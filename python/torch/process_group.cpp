@@ -187,17 +187,17 @@ Placement rendezvous(const c10::intrusive_ptr<::c10d::Store>& store, int rank, i
 
 using pg_detail::t_launched;
 
-void ProcessGroupShmring::refuse(const char* op) noexcept {
+void ProcessGroupShmring::refuse(const char* op, const std::string& reason) noexcept {
 #if SHMRING_TORCH_GLOO
   if (cross_) {
-    cross_->refuse(op);
+    cross_->refuse(op, reason);
     return;
   }
 #endif
   try {
     std::lock_guard<std::mutex> lock(call_mutex_);
     if (!comm_) return;  // shut down: no peer is waiting for this call
-    comm_->reject_call(op, "refused by the torch backend (this rank's RuntimeError says why)");
+    comm_->reject_call(op, reason);
   } catch (...) {
     // Published (reject_call always throws), or the group is already broken
     // and its peers know: either way the caller's error is the one to raise.

@@ -133,11 +133,15 @@ class ProcessGroupShmring : public BackendBase {
 
   /// Tells the peers, in call order, that this rank refused a collective
   /// (Communicator::reject_call): their matching call fails at once naming
-  /// this rank instead of waiting until the timeout. Never throws: the
-  /// caller's own error is the one to raise here.
-  void refuse(const char* op) noexcept;
-  friend class Refusal;
+  /// this rank, `op` and `reason` (this rank's own error message) instead of
+  /// waiting until the timeout. Never throws: the caller's own error is the
+  /// one to raise here.
+  void refuse(const char* op, const std::string& reason) noexcept;
 
+  /// Runs a collective entry point's body, refusing the call (refuse()) when
+  /// it throws before launch(); process_group_args.hpp.
+  template <class Body>
+  c10::intrusive_ptr<Work> refusing(const char* op, Body&& body);
   /// shutdown(), waiting for the peers first when `leave`.
   void release(bool leave);
 

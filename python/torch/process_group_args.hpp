@@ -4,9 +4,10 @@
 // (process_group_collectives.cpp, process_group_p2p.cpp): tensors staged as
 // contiguous buffers for shmring, the datatype they move as, the checks of
 // roots and lists, the counts and displacements of v-collectives, and the
-// Refusal guard that tells the peers of a collective this rank refused.
+// guard (refusing) that tells the peers of a collective this rank refused.
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -62,7 +63,7 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
                 std::int64_t expected_numel);
 
 // Set when launch() hands a call to shmring (whose own refusals reach the
-// peers by themselves); a Refusal sees whether an error came before that.
+// peers by themselves); refusing() sees whether an error came before that.
 extern thread_local bool t_launched;
 
 // Counts and displacements (in elements of the move type) of a
@@ -95,28 +96,28 @@ std::vector<std::size_t> split_counts(const at::Tensor& t, const std::vector<int
                                       const char* what);
 }  // namespace pg_detail
 
-// Guards one collective entry point: an exception leaving it before launch()
-// reached shmring (a TORCH_CHECK refusal, an allocation failure) is told to
-// the peers as this rank's refusal of the call. A guard rather than a
-// try/catch around each body: the refusal must not depend on which check
-// threw, and the exception itself goes on unchanged. Collectives only:
-// send/recv are not in the collective order, so their refusals stay local.
-class Refusal {
- public:
-  Refusal(ProcessGroupShmring& pg, const char* op)
-      : pg_(pg), op_(op), unwinding_(std::uncaught_exceptions()) {
-    pg_detail::t_launched = false;
+// Runs one collective entry point's body (argument checks, staging,
+// launch()): an exception leaving it before launch() reached shmring (a
+// TORCH_CHECK refusal, an allocation failure) is told to the peers as this
+// rank's refusal of the call, with the exception's message as the reason, and
+// goes on unchanged. One wrapper rather than a try/catch in each body: the
+// refusal must not depend on which check threw. Collectives only: send/recv
+// are not in the collective order, so their refusals stay local.
+template <class Body>
+c10::intrusive_ptr<Work> ProcessGroupShmring::refusing(const char* op, Body&& body) {
+  pg_detail::t_launched = false;
+  try {
+    return body();
+  } catch (const c10::Error& e) {
+    if (!pg_detail::t_launched) refuse(op, e.what_without_backtrace());
+    throw;
+  } catch (const std::exception& e) {
+    if (!pg_detail::t_launched) refuse(op, e.what());
+    throw;
+  } catch (...) {
+    if (!pg_detail::t_launched) refuse(op, "a non-standard exception");
+    throw;
   }
-  ~Refusal() {
-    if (std::uncaught_exceptions() > unwinding_ && !pg_detail::t_launched) pg_.refuse(op_);
-  }
-  Refusal(const Refusal&) = delete;
-  Refusal& operator=(const Refusal&) = delete;
-
- private:
-  ProcessGroupShmring& pg_;
-  const char* op_;
-  const int unwinding_;
-};
+}
 
 }  // namespace shmring::torch_backend

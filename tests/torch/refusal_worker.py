@@ -6,7 +6,8 @@ Rank 1 makes a call the backend refuses (unsupported operator, a sparse
 tensor, several tensors per list, sizes that disagree, an
 unsupported operation) while the others make a good one: every rank must
 raise at once, rank 1 the backend's refusal, the others shmring's mismatch
-naming rank 1, and the group is then broken on every rank. Each case runs
+naming rank 1 and carrying its reason, and the group is then broken on every
+rank. Each case runs
 on a group of its own (dist.new_group). Exits 0 when every check held.
 """
 
@@ -101,7 +102,8 @@ def scenario_one_rank(rank, size):
         if rank == BAD:
             timed(lambda: bad(g), *words)
         else:
-            timed(lambda: good(g), f"rank {BAD} made an invalid call")
+            # The peers' error carries rank 1's own reason, not only its rank.
+            timed(lambda: good(g), f"rank {BAD} made an invalid call", *words)
         # Broken on every rank alike, the refusing one included.
         timed(lambda: dist.all_reduce(torch.ones(2), group=g), "unusable",
               f"rank {BAD} made an invalid call")
@@ -142,6 +144,8 @@ def scenario_one_rank_hosts(rank, size):
                 except RuntimeError as e:
                     check(f"rank {bad_rank} made an invalid call" in str(e),
                           f"the error does not name rank {bad_rank}'s invalid call: {e}")
+                    check(all(w in str(e) for w in words),
+                          f"the error does not carry rank {bad_rank}'s reason {words}: {e}")
                 check(time.monotonic() - t0 < FAST_S, f"{name}: not within {FAST_S} s")
             # From the next call on, the group is broken on every rank alike.
             timed(lambda: dist.all_reduce(torch.ones(2), group=g),
