@@ -141,6 +141,8 @@ Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl
   detail::apply_placement(cfg, detail::affinity_cpus(), c.seg->job_cpus(),
                           c.seg->oversubscribed_request());
   if (cfg.oversubscribed) c.crowded.emplace();
+  // Every input of the algorithm table is now fixed (and agreed): compile it.
+  c.choices = engine::compile_choices(engine::tuning_inputs(c));
   if (!crowding.empty()) SHMRING_LOG(info, "rank {}: waits never spin: {}", cfg.rank, crowding);
   cfg.asymmetric_fence = c.seg->all_asymmetric_fence();
   c.light_publish = cfg.asymmetric_fence;

@@ -33,9 +33,16 @@ void fork_child() {
   g_fork_mutex.unlock();
 }
 
+// A function-local static rather than std::call_once: fork_generation() runs
+// on every collective (CommState::begin), and libstdc++'s call_once sets
+// thread-locals on each call, reached through __tls_get_addr from a shared
+// library; a static's guard is one load.
 void register_handler() {
-  static std::once_flag once;
-  std::call_once(once, [] { pthread_atfork(fork_prepare, fork_parent, fork_child); });
+  static const bool registered = [] {
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    return true;
+  }();
+  (void)registered;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/config.hpp"
+#include "core/choices.hpp"
 #include "core/ops.hpp"
 #include "core/state.hpp"
 #include "shmring/communicator.hpp"
@@ -38,6 +39,10 @@ struct Communicator::Impl : CommState {
   // choose() runs on every call; comparing strings there cost 5 ns of an
   // 8-byte allreduce's 130.
   std::optional<Algorithm> forced_algorithm;
+  // The algorithm table compiled for this communicator's inputs
+  // (engine::compile_choices, once they are known): a call's choice is then
+  // a scan of a few payload ranges. Empty until then.
+  AlgorithmSteps choices;
   // The constructor's settings step (communicator.cpp): every option and
   // variable of this rank, checked before it attaches.
   void settings(const Options& options);

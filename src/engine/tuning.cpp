@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -119,6 +120,41 @@ const Crossover* choose_row(CollectiveKind kind, std::uint64_t payload, bool wid
 Algorithm choose(CollectiveKind kind, std::uint64_t payload, bool wide, const TuningInputs& in) {
   if (const Crossover* r = choose_row(kind, payload, wide, in)) return r->algorithm;
   return in.forced ? forced_choice(kind, payload, in) : Algorithm::direct;
+}
+
+AlgorithmSteps compile_choices(const TuningInputs& in) {
+  // Every bound any row or the forced paths compare a payload with.
+  std::vector<std::uint64_t> bounds = {0, in.direct_bytes, kUnbounded};
+  for (const Crossover& r : kTable) {
+    bounds.push_back(resolve(r.above, in));
+    bounds.push_back(resolve(r.up_to, in));
+  }
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  AlgorithmSteps steps;
+  steps.oversubscribed = in.oversubscribed;
+  for (unsigned k = 1; k < AlgorithmSteps::kKinds; ++k) {
+    const auto kind = static_cast<CollectiveKind>(k);
+    for (bool wide : {false, true}) {
+      // Payload 0, then each range (bounds[i-1], bounds[i]]: every row's
+      // test is the same throughout a range, so its upper end decides it.
+      Algorithm run = choose(kind, 0, wide, in);
+      std::uint64_t run_end = 0;
+      bool ok = true;
+      for (std::size_t i = 1; i < bounds.size() && ok; ++i) {
+        const Algorithm a = choose(kind, bounds[i], wide, in);
+        if (a != run) {
+          ok = steps.add(kind, wide, run_end, run);
+          run = a;
+        }
+        run_end = bounds[i];
+      }
+      // A full row is left partial: find() misses past it and the caller
+      // asks the table.
+      if (ok) (void)steps.add(kind, wide, run_end, run);
+    }
+  }
+  return steps;
 }
 
 std::string describe_choices(const TuningInputs& in) {

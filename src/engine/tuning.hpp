@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "core/choices.hpp"
 #include "core/comm.hpp"
 #include "core/ops.hpp"
 
@@ -74,12 +75,22 @@ const Crossover* choose_row(CollectiveKind kind, std::uint64_t payload, bool wid
 /// collective and size range, with the reason (shmrun --info -n N).
 std::string describe_choices(const TuningInputs& in);
 
+/// The choices for fixed inputs as payload ranges (core/choices.hpp): for
+/// each collective and wide flag, the answer of choose() is constant
+/// between consecutive row bounds, so evaluating it once per range gives
+/// the same answer at every payload.
+AlgorithmSteps compile_choices(const TuningInputs& in);
+
 /// A communicator's inputs to the table.
 inline TuningInputs tuning_inputs(const Communicator::Impl& c) {
   return {c.size, c.config.oversubscribed, c.seg->direct_bytes(), c.forced_algorithm};
 }
+/// A communicator's choice: its compiled ranges (Impl::choices, filled once
+/// its inputs are known), else the table. Every rank compiles the same.
 inline Algorithm choose(const Communicator::Impl& c, CollectiveKind kind, std::uint64_t payload,
                         bool wide = false) {
+  if (c.choices.oversubscribed == c.config.oversubscribed)
+    if (auto a = c.choices.find(kind, payload, wide)) return *a;
   return choose(kind, payload, wide, tuning_inputs(c));
 }
 

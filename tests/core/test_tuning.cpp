@@ -92,3 +92,38 @@ TEST_CASE("describe_choices names each collective and its reason") {
   CHECK(s.find("two-shot") != std::string::npos);
   CHECK(s.find("reduce_scatter_v") != std::string::npos);
 }
+
+TEST_CASE("the compiled choices give the table's answer at every payload") {
+  // Payloads: every bound of every row, one either side, and powers of two.
+  std::set<std::uint64_t> payloads = {0, 1, 2, ~std::uint64_t{0}, ~std::uint64_t{0} - 1};
+  for (int s = 0; s < 64; ++s) payloads.insert(std::uint64_t{1} << s);
+  for (std::uint64_t direct : {std::uint64_t{4096}, kDirect, std::uint64_t{1} << 22})
+    for (const auto& r : engine::crossovers())
+      for (std::uint64_t b : {r.above, r.up_to, direct})
+        for (std::uint64_t d : {std::uint64_t{0}, std::uint64_t{1}}) {
+          payloads.insert(b + d);
+          payloads.insert(b - d);
+        }
+  const std::optional<Algorithm> forced[] = {std::nullopt, Algorithm::ring, Algorithm::direct,
+                                             Algorithm::two_shot};
+  int checked = 0;
+  for (int n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 64})
+    for (bool crowded_ranks : {false, true})
+      for (std::uint64_t direct : {std::uint64_t{4096}, kDirect, std::uint64_t{1} << 22})
+        for (const auto& f : forced) {
+          const TuningInputs in{n, crowded_ranks, direct, f};
+          const AlgorithmSteps steps = engine::compile_choices(in);
+          for (unsigned k = 1; k <= 12; ++k)
+            for (bool wide : {false, true})
+              for (std::uint64_t p : payloads) {
+                const auto kind = static_cast<K>(k);
+                const auto got = steps.find(kind, p, wide);
+                REQUIRE_MESSAGE(got.has_value(), "N=", n, " kind ", k, " payload ", p);
+                REQUIRE_MESSAGE(*got == choose(kind, p, wide, in), "N=", n, " crowded ",
+                                crowded_ranks, " direct ", direct, " kind ", k, " wide ", wide,
+                                " payload ", p);
+                ++checked;
+              }
+        }
+  CHECK(checked > 100000);
+}
