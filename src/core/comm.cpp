@@ -265,8 +265,8 @@ void CommState::begin(const CollectiveDesc& d) {
   call_start_ns = call_clock.now();
   call_wait_ns = 0;
   if (rec_n != 0)
-    detail::recorder_write_call(rec_entry(collectives), collectives, d, current_bytes,
-                                detail::kCallStarted, call_start_ns);
+    detail::recorder_write_call(rec_current(), collectives, d, current_bytes, detail::kCallStarted,
+                                call_start_ns);
   ring.left_checked = ring.right_checked = false;
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
@@ -393,7 +393,7 @@ std::uint64_t CommState::end() {
     now = call_clock.now();
     if (trace) trace_call(now, false);
     if (rec_n != 0) {
-      detail::recorder_end_call(rec_entry(collectives), detail::kCallCompleted, now, step);
+      detail::recorder_end_call(rec_current(), detail::kCallCompleted, now, step);
       rec_head->calls.store(rec_head->calls.load(std::memory_order_relaxed) + 1,
                             std::memory_order_relaxed);
       rec_head->bytes.store(rec_head->bytes.load(std::memory_order_relaxed) + current_bytes,
@@ -401,6 +401,7 @@ std::uint64_t CommState::end() {
     }
   }
   ++collectives;
+  if (rec_n != 0 && ++rec_index == rec_n) rec_index = 0;
   completed.store(collectives, std::memory_order_relaxed);
   current.reset();
   step = -1;
@@ -426,7 +427,7 @@ void CommState::record_failure() {
     call_start_ns = 0;  // one span per call, however many failure paths see it
   }
   if (rec_n == 0 || !current) return;
-  auto& e = rec_entry(collectives);
+  auto& e = rec_current();
   if (e.seq.load(std::memory_order_relaxed) != collectives + 1 ||
       e.state.load(std::memory_order_relaxed) != detail::kCallStarted)
     return;
@@ -438,6 +439,7 @@ void CommState::init_recorder() {
   if (rec_head == nullptr) return;
   rec_entries = reinterpret_cast<detail::RecorderEntry*>(rec_head + 1);
   rec_n = seg->recorder_entries();
+  rec_index = rec_n == 0 ? 0 : collectives % rec_n;
   struct timespec rt {};
   clock_gettime(CLOCK_REALTIME, &rt);
   const std::uint64_t mono = detail::mono_ns();

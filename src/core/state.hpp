@@ -13,6 +13,7 @@
 #include <tbb/task_arena.h>
 
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -129,7 +130,15 @@ struct CommState {
   detail::RecorderHead* rec_head = nullptr;
   detail::RecorderEntry* rec_entries = nullptr;
   std::uint64_t rec_n = 0;
+  /// `collectives` mod rec_n, advanced by end(): the running call's entry
+  /// without a 64-bit division (two per call were 2-5% of an 8-byte
+  /// allreduce at N=2; docs/design/recorder.md, "Cost").
+  std::uint64_t rec_index = 0;
   detail::RecorderEntry& rec_entry(std::uint64_t c) { return rec_entries[c % rec_n]; }
+  detail::RecorderEntry& rec_current() {
+    assert(rec_index == collectives % rec_n);
+    return rec_entries[rec_index];
+  }
   /// Finds this rank's recorder in the segment (after attach).
   void init_recorder();
   /// `msg` + job_summary() (+ the dump's path): a timeout's or dead peer's

@@ -256,6 +256,61 @@ TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder
   CHECK(test::all_zero(status));
 }
 
+TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparounds") {
+  // 5 is not a power of two: entry c mod 5, through two and a half laps.
+  char tmpl[] = "/tmp/shmring-recorder-lap-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  auto* board = static_cast<char(*)[4096]>(
+      mmap(nullptr, 2 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(board != MAP_FAILED);
+  std::memset(board, 0, 2 * 4096);
+  const std::string job = test::unique_job_id("reclap");
+  auto status = test::run_processes(2, [&](int r) {
+    setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
+    setenv("SHMRING_RECORDER_ENTRIES", "5", 1);
+    // Rank 0 times out first in #12; rank 1, late, finds the job broken.
+    Communicator comm(opts(r, 2, job, r == 0 ? 0.5 : 10.0));
+    std::vector<float> x(300, 1.0f);
+    // Call i has count 100 + i, so that each entry names its call.
+    for (int i = 0; i < 12; ++i)
+      comm.allreduce(x.data(), x.data(), 100 + i, DataType::float32, ReduceOp::sum);
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    try {
+      comm.allreduce(x.data(), x.data(), 200, DataType::float32, ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      std::snprintf(board[r], 4096, "%s", e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  const std::string m = board[0];
+  INFO("rank 0: ", m);
+  CHECK(contains(m,
+                 "rank 1 has not entered allreduce #12; its last completed call was "
+                 "allreduce #11, "));
+  std::smatch s;
+  REQUIRE(std::regex_search(m, s, std::regex("flight recorder: (\\S+\\.json)")));
+  std::ifstream in(s[1].str());
+  nlohmann::json j = nlohmann::json::parse(in);
+  REQUIRE(j["ranks"].size() == 2);
+  for (int r = 0; r < 2; ++r) {
+    const auto& calls = j["ranks"][r]["calls"];
+    INFO("rank ", r, ": ", calls.dump());
+    REQUIRE(calls.size() == 5);
+    // Rank 0: #8-#11 completed, #12 started; rank 1: #7-#11 completed.
+    const int first = r == 0 ? 8 : 7;
+    for (int k = 0; k < 5; ++k) {
+      const int seq = first + k;
+      CHECK(calls[k]["seq"] == seq);
+      CHECK(calls[k]["count"] == (seq == 12 ? 200 : 100 + seq));
+      CHECK(calls[k]["state"] == (seq == 12 ? "started" : "completed"));
+    }
+    CHECK(j["ranks"][r]["calls_completed"] == 12);
+  }
+  munmap(board, 2 * 4096);
+}
+
 TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and in the dump") {
   char tmpl[] = "/tmp/shmring-recorder-p2p-XXXXXX";
   REQUIRE(mkdtemp(tmpl) != nullptr);
