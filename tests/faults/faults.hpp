@@ -12,7 +12,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -80,6 +82,53 @@ struct FaultBoard {
     auto f = fault_ns.load(), n = noticed_ns[rank].load();
     return f == 0 || n == 0 ? -1.0 : static_cast<double>(n - f) * 1e-9;
   }
+};
+
+/// `pages` messages of up to 4095 characters that forked ranks write and
+/// the parent reads (MAP_SHARED); unmapped when the board goes.
+class MessageBoard {
+ public:
+  static constexpr std::size_t kPage = 4096;
+  explicit MessageBoard(int pages) : bytes_(static_cast<std::size_t>(pages) * kPage) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("MessageBoard: mmap");
+      std::abort();
+    }
+    std::memset(p, 0, bytes_);
+    pages_ = static_cast<char*>(p);
+  }
+  MessageBoard(const MessageBoard&) = delete;
+  MessageBoard& operator=(const MessageBoard&) = delete;
+  ~MessageBoard() { munmap(pages_, bytes_); }
+
+  void put(int page, const std::string& text) {
+    std::snprintf(pages_ + static_cast<std::size_t>(page) * kPage, kPage, "%s", text.c_str());
+  }
+  std::string operator[](int page) const { return pages_ + static_cast<std::size_t>(page) * kPage; }
+
+ private:
+  std::size_t bytes_;
+  char* pages_ = nullptr;
+};
+
+/// A new directory /tmp/PREFIX-XXXXXX (mkdtemp), removed with what it holds
+/// when the TempDir goes; path() is "" when it could not be made.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix) : path_("/tmp/" + prefix + "-XXXXXX") {
+    if (mkdtemp(path_.data()) == nullptr) path_.clear();
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 /// Files in /dev/shm whose name contains `needle`.

@@ -62,19 +62,16 @@ std::string row_of(const std::string& table, int rank) {
 }  // namespace
 
 TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its last call") {
-  char tmpl[] = "/tmp/shmring-recorder-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const test::TempDir tmp("shmring-recorder");
+  const std::string& dir = tmp.path();
+  REQUIRE(!dir.empty());
   const char* shmrun = std::getenv("SHMRUN");
   REQUIRE_MESSAGE(shmrun != nullptr,
                   "SHMRUN must name build/tools/shmrun (tests/faults/meson.build)");
   // Empty in a cross build, whose shmrun this host cannot run directly.
   const bool with_status = *shmrun != '\0';
   // Messages and the status table, back to the parent.
-  auto* board = static_cast<char(*)[4096]>(
-      mmap(nullptr, 5 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(board != MAP_FAILED);
-  std::memset(board, 0, 5 * 4096);
+  test::MessageBoard board(5);
   const std::string job = test::unique_job_id("stall");
   auto status = test::run_processes(4, [&](int r) {
     setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
@@ -87,7 +84,7 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
       if (with_status) {
         const std::string table =
             capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
-        std::snprintf(board[4], 4096, "%s", table.c_str());
+        board.put(4, table);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     }
@@ -95,7 +92,7 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
       comm.allreduce(std::span<float>(x), ReduceOp::sum);
       SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
     } catch (const Error& e) {
-      std::snprintf(board[r], 4096, "%s", e.what());
+      board.put(r, e.what());
     }
   });
   CHECK(test::all_zero(status));
@@ -159,8 +156,6 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
   } else {
     MESSAGE("cross build: shmrun --status not run (SHMRUN is empty)");
   }
-  fs::remove_all(dir);
-  munmap(board, 5 * 4096);
 }
 
 TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per kind") {
@@ -204,10 +199,7 @@ TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per ki
 
 TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its last call") {
   const std::string job = test::unique_job_id("recdeath");
-  auto* board = static_cast<char(*)[4096]>(
-      mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(board != MAP_FAILED);
-  std::memset(board, 0, 3 * 4096);
+  test::MessageBoard board(3);
   auto status = test::run_processes(3, [&](int r) {
     Communicator comm(opts(r, 3, job, 30.0));
     std::vector<float> x(10000, 1.0f);
@@ -217,7 +209,7 @@ TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its
       comm.allreduce(std::span<float>(x), ReduceOp::sum);
       SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
     } catch (const PeerFailureError& e) {
-      std::snprintf(board[r], 4096, "%s", e.what());
+      board.put(r, e.what());
     }
   });
   CHECK(test::all_zero(status));
@@ -231,7 +223,6 @@ TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its
                    "allreduce #9, "));
     CHECK(contains(m, "ranks 0 and 2 wait in allreduce #10"));
   }
-  munmap(board, 3 * 4096);
 }
 
 TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder off") {
@@ -258,13 +249,10 @@ TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder
 
 TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparounds") {
   // 5 is not a power of two: entry c mod 5, through two and a half laps.
-  char tmpl[] = "/tmp/shmring-recorder-lap-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
-  auto* board = static_cast<char(*)[4096]>(
-      mmap(nullptr, 2 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(board != MAP_FAILED);
-  std::memset(board, 0, 2 * 4096);
+  const test::TempDir tmp("shmring-recorder-lap");
+  const std::string& dir = tmp.path();
+  REQUIRE(!dir.empty());
+  test::MessageBoard board(2);
   const std::string job = test::unique_job_id("reclap");
   auto status = test::run_processes(2, [&](int r) {
     setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
@@ -280,7 +268,7 @@ TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparound
       comm.allreduce(x.data(), x.data(), 200, DataType::float32, ReduceOp::sum);
       SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
     } catch (const Error& e) {
-      std::snprintf(board[r], 4096, "%s", e.what());
+      board.put(r, e.what());
     }
   });
   CHECK(test::all_zero(status));
@@ -308,20 +296,16 @@ TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparound
     }
     CHECK(j["ranks"][r]["calls_completed"] == 12);
   }
-  munmap(board, 2 * 4096);
 }
 
 TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and in the dump") {
-  char tmpl[] = "/tmp/shmring-recorder-p2p-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl;
+  const test::TempDir tmp("shmring-recorder-p2p");
+  const std::string& dir = tmp.path();
+  REQUIRE(!dir.empty());
   const char* shmrun = std::getenv("SHMRUN");
   REQUIRE(shmrun != nullptr);
   const bool with_status = *shmrun != '\0';
-  auto* board = static_cast<char(*)[4096]>(
-      mmap(nullptr, 3 * 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(board != MAP_FAILED);
-  std::memset(board, 0, 3 * 4096);
+  test::MessageBoard board(3);
   const std::string job = test::unique_job_id("p2prec");
   auto status = test::run_processes(3, [&](int r) {
     setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
@@ -344,7 +328,7 @@ TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and i
       if (with_status) {
         const std::string table =
             capture(std::string(shmrun) + " --status --job-id " + job + " 2>&1");
-        std::snprintf(board[0], 4096, "%s", table.c_str());
+        board.put(0, table);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past rank 2's timeout
     } else {
@@ -353,7 +337,7 @@ TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and i
       try {
         comm.allreduce(std::span<float>(x), ReduceOp::sum);
       } catch (const Error& e) {
-        std::snprintf(board[1], 4096, "%s", e.what());
+        board.put(1, e.what());
       }
     }
   });
@@ -384,5 +368,4 @@ TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and i
   CHECK(r1["tag"] == 5);
   CHECK(r1["state"] == "completed");
   CHECK(j["ranks"][2]["p2p_last"]["kind"] == "recv");
-  fs::remove_all(dir);
 }
