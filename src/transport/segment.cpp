@@ -184,6 +184,10 @@ Segment::~Segment() {
 }
 
 bool Segment::rank_alive(int r) const {
+  // F_OFD_GETLK reports only locks that would conflict with ours, and a lock
+  // held through our own open file description never does: asked of its own
+  // rank, it would always answer "dead". The caller is that rank, alive.
+  if (r == rank_) return true;
   return lock_held(fd_, r);
 }
 

@@ -295,7 +295,11 @@ TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparound
       CHECK(calls[k]["state"] == (seq == 12 ? "started" : "completed"));
     }
     CHECK(j["ranks"][r]["calls_completed"] == 12);
+    // Both ranks live while rank 0 writes the dump, rank 0 (the reporter)
+    // included.
+    CHECK(j["ranks"][r]["alive"] == true);
   }
+  CHECK(j["reporter"] == 0);
 }
 
 TEST_CASE("a point-to-point call shows in the recorder: in shmrun --status and in the dump") {
