@@ -15,6 +15,8 @@
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -165,6 +167,7 @@ c10::intrusive_ptr<Work> CrossNode::submit(::c10d::OpType type, const char* titl
 }
 
 void CrossNode::run() {
+  pthread_setname_np(pthread_self(), "shmring-xnode");
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });

@@ -3,6 +3,8 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <system_error>
 
 #include "shmring/error.hpp"
@@ -125,6 +127,9 @@ void Completions::push(std::function<void()> job) {
 }
 
 void Completions::run() {
+  // Named as shmring's other threads are, so that a thread listing
+  // (/proc/PID/task/*/comm, top -H, gdb) tells them from torch's.
+  pthread_setname_np(pthread_self(), "shmring-done");
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
     while (queue_.empty() && !stop_) {

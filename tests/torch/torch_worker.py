@@ -704,9 +704,8 @@ def scenario_new_group(rank, size):
     print("new_group ok", flush=True)
 
 
-def shmring_threads():
-    """Names of this process's threads that belong to shmring (the progress
-    and point-to-point threads name themselves)."""
+def thread_names():
+    """The names of this process's threads, sorted."""
     names = []
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -714,6 +713,14 @@ def shmring_threads():
                 names.append(f.read().strip())
         except FileNotFoundError:
             pass  # ended meanwhile
+    return sorted(names)
+
+
+def shmring_threads():
+    """Names of this process's threads that belong to shmring (the progress
+    and point-to-point threads name themselves), and how many threads it
+    has in all."""
+    names = thread_names()
     return [n for n in names if n.startswith("shmring")], len(names)
 
 
@@ -729,11 +736,18 @@ def shm_mappings():
                 if len(x) == 6 and x[5].startswith("/dev/shm/")}
 
 
-def left_over(before):
+def left_over(before, settle_s=2.0):
     """The /dev/shm mappings and shmring threads that were not there at
-    `before` (a (shm_mappings(), shmring_threads()) pair)."""
-    maps, threads = shm_mappings() - before[0], shmring_threads()
-    return sorted(maps), (threads if threads != before[1] else None)
+    `before` (a (shm_mappings(), shmring_threads()) pair). A thread that was
+    just joined may still be listed in /proc/self/task for a moment (the
+    kernel wakes the joiner before it reaps the thread), so the threads get
+    up to settle_s to match before they count as left over."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        maps, threads = shm_mappings() - before[0], shmring_threads()
+        if threads == before[1] or time.monotonic() > deadline:
+            return sorted(maps), (threads if threads != before[1] else None)
+        time.sleep(0.01)
 
 
 def scenario_reinit(rank, size, backend, init_method, rounds=6):
@@ -781,7 +795,7 @@ def scenario_reinit(rank, size, backend, init_method, rounds=6):
         maps, threads = left_over(before)
         check(maps == [], f"round {i}: still mapped after destroy: {maps}")
         check(threads is None, f"round {i}: threads (shmring's, all) {before[1]} before init, "
-              f"{threads} after destroy")
+              f"{threads} after destroy: {thread_names()}")
         for g in ours:
             expect_error(lambda: g.allreduce([torch.ones(2)]).wait(), "destroyed")
         print(f"round {i} ok", flush=True)
@@ -825,7 +839,7 @@ def scenario_torch_destroy(rank, size, init_method):
         maps, threads = left_over(before)
         check(maps == [], f"torch_destroy round {i}: still mapped after torch's destroy: {maps}")
         check(threads is None, f"torch_destroy round {i}: threads (shmring's, all) {before[1]} "
-              f"before init, {threads} after torch's destroy")
+              f"before init, {threads} after torch's destroy: {thread_names()}")
     print("torch_destroy ok", flush=True)
 
 
