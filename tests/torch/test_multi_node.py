@@ -18,13 +18,51 @@ FAKE_NODES = REPO / "tools" / "fake-nodes"
 WORKER = HERE / "multinode_worker.py"
 
 
+def descendants(pid):
+    """`ps` lines (pid, parent, state, wait channel, age, command) of every
+    process below `pid`: what a stuck rig was doing."""
+    rows = subprocess.run(["ps", "-eo", "pid=,ppid=,stat=,wchan:24=,etime=,args="],
+                          stdout=subprocess.PIPE, text=True).stdout.splitlines()
+    parent = {int(r.split()[0]): int(r.split()[1]) for r in rows}
+    below = {pid}
+    for _ in range(len(rows)):
+        grown = {p for p, pp in parent.items() if pp in below} | below
+        if grown == below:
+            break
+        below = grown
+    return [r for r in rows if int(r.split()[0]) in below - {pid}]
+
+
+def run_fake_nodes(args, env, timeout):
+    """tools/fake-nodes ARGS to its end, its output (stdout and stderr
+    together) captured. Past `timeout` seconds the test fails with the
+    processes still running below it and the end of their output; they are
+    ended with SIGTERM first, which fake-nodes passes on to its nodes (each
+    its own session, so a SIGKILL of fake-nodes alone would leave them
+    running), then SIGKILL."""
+    proc = subprocess.Popen([str(FAKE_NODES), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out)
+    except subprocess.TimeoutExpired:
+        stuck = descendants(proc.pid)
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        pytest.fail(f"tools/fake-nodes {' '.join(args)} ran past {timeout} s. Its processes "
+                    "then:\n" + "\n".join(stuck) + "\n--- output:\n" + out[-20000:])
+
+
 def run_rig(nodes, *args, timeout=420, env_extra=None):
     env = dict(os.environ)
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.update(env_extra or {})
-    proc = subprocess.run(
-        [str(FAKE_NODES), "--nodes", nodes, "--launcher", "torchrun", "--", str(WORKER), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    proc = run_fake_nodes(["--nodes", nodes, "--launcher", "torchrun", "--", str(WORKER), *args],
+                          env, timeout)
     if proc.returncode == 77:
         reason = [line for line in proc.stdout.splitlines() if "skipped" in line]
         pytest.skip(reason[-1] if reason else "tools/fake-nodes cannot run here")
@@ -84,12 +122,11 @@ def test_ddp_cnn_trains_across_fake_nodes_as_with_gloo(tmp_path):
     for backend in ("shmring", "gloo"):
         out_dir = tmp_path / backend
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-        proc = subprocess.run(
-            [str(FAKE_NODES), "--nodes", "2x2", "--launcher", "torchrun", "--",
+        proc = run_fake_nodes(
+            ["--nodes", "2x2", "--launcher", "torchrun", "--",
              str(REPO / "examples" / "train_torch.py"), "--ddp", "--backend", backend,
              "--model", "cnn", "--max-steps", "4", "--warmup", "1", "--batch-size", "64",
-             "--seed", "3", "--dump-params", str(out_dir)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=420)
+             "--seed", "3", "--dump-params", str(out_dir)], env, 420)
         if proc.returncode == 77:
             pytest.skip("tools/fake-nodes cannot run here")
         assert proc.returncode == 0, proc.stdout[-20000:]
