@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -45,8 +46,17 @@ std::int64_t linked_ctime_ns(int fd) {
 // (rank 0 locks before it names or reserves, so a sized file had a live
 // creator), or when we saw its creator alive before: then fail now and
 // remove it, rather than wait for the timeout and leave it behind.
+// "Began" is when this process started where that is earlier (a file made
+// since then is no earlier job's leftover): a rank that was slow to reach
+// attach() (a loaded machine, qemu) while its rank 0 created the file and
+// died would otherwise take that file for an earlier job's and wait out its
+// timeout. A job that reuses the id of one that failed in this same
+// process's lifetime may then get "rank 0 died" for that job's file, an
+// error at once instead of a wait.
 std::unique_ptr<Segment> Segment::Opening::attach() {
   began_ns = realtime_ns();
+  if (const std::int64_t started = process_start_realtime_ns(); started >= 0)
+    began_ns = std::min(began_ns, started);
   began = Clock::now();
   it = 0;
   for (;;) {

@@ -10,7 +10,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <sched.h>
@@ -25,6 +29,27 @@ std::int64_t realtime_ns(clockid_t clock) {
   struct timespec ts {};
   clock_gettime(clock, &ts);
   return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::int64_t process_start_realtime_ns() {
+  // proc(5): field 22 of /proc/self/stat, starttime, in clock ticks since
+  // boot; the fields after the command name's closing parenthesis start at
+  // field 3. 0 or unreadable: unknown.
+  std::ifstream in("/proc/self/stat");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  const auto paren = line.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream fields(line.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  }
+  const long tick = sysconf(_SC_CLK_TCK);
+  char* end = nullptr;
+  const unsigned long long ticks = std::strtoull(field.c_str(), &end, 10);
+  if (!fields || end == field.c_str() || *end != '\0' || ticks == 0 || tick <= 0) return -1;
+  const std::int64_t boot = realtime_ns(CLOCK_REALTIME) - realtime_ns(CLOCK_BOOTTIME);
+  return boot + static_cast<std::int64_t>((ticks + 1) * (1'000'000'000ull / tick));
 }
 
 // This process's affinity mask into `info.cpus` (all CPUs if unreadable),

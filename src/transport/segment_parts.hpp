@@ -109,6 +109,9 @@ int link_as(int fd, const std::string& name);
 
 // This rank's entries in its RankArea, and clocks (segment_open.cpp).
 std::int64_t realtime_ns(clockid_t clock = CLOCK_REALTIME);
+/// When this process started (fork or exec), on CLOCK_REALTIME, rounded up
+/// to the next clock tick; -1 where /proc does not say.
+std::int64_t process_start_realtime_ns();
 void publish_cpus(RankInfo& info, const SegmentRequest& req);
 
 // The steps of Segment::create_or_attach and what they share: the request,
@@ -157,7 +160,8 @@ struct Segment::Opening {
   std::unique_ptr<Segment> seg;
   Mapping& m;
   bool unnamed = false;  // rank 0: the file was made with O_TMPFILE
-  // Ranks 1..N-1: when this rank began looking, and its backoff.
+  // Ranks 1..N-1: when this rank began looking (began_ns: or when this
+  // process started, if earlier; see attach()), and its backoff.
   std::int64_t began_ns = 0;
   std::chrono::steady_clock::time_point began;
   int it = 0;

@@ -17,6 +17,7 @@
 #include "base/config.hpp"
 #include "harness.hpp"
 #include "transport/segment.hpp"
+#include "transport/segment_parts.hpp"
 
 using namespace shmring;
 namespace fs = std::filesystem;
@@ -97,6 +98,19 @@ TEST_CASE("a stale segment whose creator died is replaced") {
   CHECK(test::all_zero(status));
   CHECK_FALSE(fs::exists("/dev/shm/" + name));
   boost::interprocess::shared_memory_object::remove(name.c_str());  // even if the above failed
+}
+
+TEST_CASE("process_start_realtime_ns: when this process was forked, rounded up a clock tick") {
+  const std::int64_t before = detail::realtime_ns();
+  auto status = test::run_processes(1, [&](int) {
+    const std::int64_t started = detail::process_start_realtime_ns();
+    const std::int64_t now = detail::realtime_ns();
+    const std::int64_t tick = 1'000'000'000 / sysconf(_SC_CLK_TCK);
+    SHMRING_CHILD_CHECK(started >= before && started <= now + tick,
+                        "forked after %lld, now %lld: started %lld", static_cast<long long>(before),
+                        static_cast<long long>(now), static_cast<long long>(started));
+  });
+  CHECK(test::all_zero(status));
 }
 
 TEST_CASE("a second rank 0 is a collision: both fail at once, naming the duplicate rank") {

@@ -234,12 +234,11 @@ TEST_CASE("ranks with different host identities fail on every rank within the ti
 TEST_CASE("rank 0 dying while the others attach fails them at once and leaves nothing") {
   // Rank 1 starts first and waits; rank 0 creates the segment and is killed
   // as soon as the name appears (before, during or after rank 1 attaches).
-  // Rank 1 must have begun looking before rank 0 creates the file: a dead
-  // creator's file that was there at its first look is indistinguishable
-  // from an earlier job's stale one, which it waits out to the timeout (the
-  // next test case). A head start of 20 ms from the fork was not enough on
-  // a loaded 2-core machine (rank 1 looked late, then timed out after 30 s):
-  // wait until rank 1 is at its constructor, then give it the head start.
+  // Rank 1's process must be older than the file: a dead creator's file
+  // older than it is indistinguishable from an earlier job's stale one,
+  // which it waits out to the timeout (two test cases below). Waiting for
+  // rank 1 to reach its constructor, then 20 ms (two clock ticks), makes
+  // sure of that on a loaded machine.
   std::atomic<int>* at_ctor = shared_flag();
   REQUIRE(at_ctor != nullptr);
   for (int trial = 0; trial < 5; ++trial) {
@@ -273,6 +272,43 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
     test::FaultBoard::destroy(board);
   }
   munmap(at_ctor, sizeof(std::atomic<int>));
+}
+
+TEST_CASE("rank 0 dying before a slow rank 1 looked fails rank 1 at once, not at the timeout") {
+  // Rank 1's process starts first, but reaches its Communicator only after
+  // rank 0 created the segment and died (a loaded machine; qemu-user): the
+  // file is younger than rank 1's process, so it is no earlier job's
+  // leftover, and rank 1 fails at once instead of waiting out its timeout.
+  const std::string job = test::unique_job_id("r0early");
+  test::FaultBoard* board = test::FaultBoard::create();
+  std::atomic<int>* go = shared_flag();
+  REQUIRE(go != nullptr);
+  pid_t r1 = spawn([&] {
+    SHMRING_CHILD_CHECK(wait_for_flag(*go, 30), "rank 1: never told to start");
+    try {
+      Communicator comm(opts(1, 2, job, 20));
+      SHMRING_CHILD_CHECK(false, "rank 1: expected an error");
+    } catch (const PeerFailureError& e) {
+      board->note(1, e.what());
+      SHMRING_CHILD_CHECK(contains(e.what(), "rank 0 (pid") && contains(e.what(), "died"),
+                          "rank 1: %s", e.what());
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past rank 1's clock tick
+  pid_t r0 = spawn([&] { Communicator comm(opts(0, 2, job, 30)); });
+  REQUIRE(wait_for_path(shm_path(job), 10));
+  kill(r0, SIGKILL);
+  CHECK(wait_status(r0) == 128 + SIGKILL);
+  board->fault_ns.store(test::mono_ns());
+  go->store(1);
+  CHECK(wait_status(r1) == 0);
+  const double s = board->latency_s(1);
+  std::printf("rank 0 died before rank 1 looked: rank 1 after %.3f s: %s\n", s, board->message[1]);
+  CHECK(s >= 0);
+  CHECK(s < test::kDetectionBoundS);
+  CHECK(test::shm_files_with(job).empty());
+  test::FaultBoard::destroy(board);
+  munmap(go, sizeof(std::atomic<int>));
 }
 
 TEST_CASE(
