@@ -212,6 +212,7 @@ void wide_table(double seconds) {
   const shmring::detail::WideKernels& portable = shmring::detail::wide_kernels_portable();
   const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512();
   if (!best) best = shmring::detail::wide_kernels_avx2();
+  if (!best) best = shmring::detail::wide_kernels_neon();
   if (!best) best = &portable;
   fmt::print("\n# 16-bit steps of the collectives: portable loops vs {} (GB/s, one core)\n",
              best->isa);

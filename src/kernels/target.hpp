@@ -3,7 +3,8 @@
 // Which instruction sets the kernels are compiled for, in one place, so
 // that every kernel file uses the same mechanism. Kernels are plain C++
 // loops that the compiler vectorises for each target; intrinsics appear only
-// inside x86-only blocks (#if defined(__x86_64__)).
+// inside blocks for one architecture (#if defined(__x86_64__), or
+// __aarch64__ in kernels/wide_neon.cpp).
 //
 // SHMRING_TARGET_CLONES, written before a kernel's definition:
 //   x86-64  GCC target_clones: x86-64-v4 (AVX-512), x86-64-v3 (AVX2, FMA,

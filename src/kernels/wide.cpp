@@ -10,13 +10,14 @@
 
 // The portable loops (no intrinsics: the conversions are written
 // branch-free, with selects, so the compiler can vectorise them), compiled
-// like kernels/reduce.cpp. They are the reference that the x86 vector
-// kernels (kernels/wide_x86.cpp) match bit for bit, the tails of those
-// kernels, and the kernels themselves elsewhere. reduce_to_wide,
-// reduce_to_narrow and reduce_many_to_narrow pick the best table once.
+// like kernels/reduce.cpp. They are the reference that the vector kernels
+// (kernels/wide_x86.cpp, kernels/wide_neon.cpp) match bit for bit, the
+// tails of those kernels, and the kernels themselves elsewhere.
+// reduce_to_wide, reduce_to_narrow and reduce_many_to_narrow pick the best
+// table once.
 #define SHMRING_INLINE inline __attribute__((always_inline))
-// The clone set of kernels/target.hpp (NEON baseline on AArch64; no SVE
-// copy of these yet).
+// The clone set of kernels/target.hpp (the baseline on AArch64, and a
+// second copy built for SVE).
 #define SHMRING_CLONES SHMRING_TARGET_CLONES
 
 namespace shmring::detail {
@@ -276,6 +277,7 @@ const WideKernels& active() {
   static const WideKernels& k = []() -> const WideKernels& {
     if (const WideKernels* t = wide_kernels_avx512()) return *t;
     if (const WideKernels* t = wide_kernels_avx2()) return *t;
+    if (const WideKernels* t = wide_kernels_neon()) return *t;
 #if defined(SHMRING_DISPATCH_SVE)
     if (sve_available()) return sve::wide_kernels_portable();
 #endif

@@ -72,8 +72,9 @@ void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::si
                            DataType dtype, ReduceOp op, int divisor);
 
 /// Which instruction set the 16-bit kernels run with here: "avx512",
-/// "avx2" (with F16C), "sve" (the plain loops of kernels/wide.cpp compiled
-/// for SVE) or "portable" (those loops for the baseline: NEON on AArch64).
+/// "avx2" (with F16C), "neon" (AArch64; kernels/wide_neon.cpp), "sve" (the
+/// plain loops of kernels/wide.cpp compiled for SVE; not picked while the
+/// NEON table is there) or "portable" (those loops for the baseline).
 const char* wide_kernel_isa();
 
 /// The one rounding, exposed for tests: float64 -> float16 / bfloat16 bits,

@@ -2,7 +2,8 @@
 
 // The implementations behind kernels/wide.hpp, for the kernel files and the
 // tests: the portable loops (every CPU; the reference the vector kernels
-// must match bit for bit, and their tails) and the x86 vector tables.
+// must match bit for bit, and their tails), the x86 and AArch64 vector
+// tables.
 
 #include <cstddef>
 
@@ -34,6 +35,9 @@ struct WideKernels {
 /// instructions, and on other architectures.
 const WideKernels* wide_kernels_avx512();
 const WideKernels* wide_kernels_avx2();
+/// The AArch64 NEON table (kernels/wide_neon.cpp; every AArch64 CPU has
+/// NEON); nullptr on other architectures.
+const WideKernels* wide_kernels_neon();
 /// The portable loops as a table (kernels/wide.cpp).
 const WideKernels& wide_kernels_portable();
 /// The same loops compiled for SVE (AArch64 CPUs that have it; nullptr

@@ -66,6 +66,7 @@ namespace {
 namespace avx512 {
 
 constexpr std::size_t kLanes = 16;
+constexpr const char* kIsa = "avx512";
 
 // 16 elements as float64.
 struct V {
@@ -226,7 +227,7 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
   }
 }
 
-#include "kernels/wide_x86_loops.inc"
+#include "kernels/wide_loops.inc"
 }  // namespace avx512
 }  // namespace
 
@@ -241,6 +242,7 @@ namespace {
 namespace avx2 {
 
 constexpr std::size_t kLanes = 8;
+constexpr const char* kIsa = "avx2";
 
 struct V {
   __m256d lo, hi;
@@ -408,48 +410,26 @@ void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned c
   }
 }
 
-#include "kernels/wide_x86_loops.inc"
+#include "kernels/wide_loops.inc"
 }  // namespace avx2
 }  // namespace
 
 #pragma GCC pop_options
 
 // ---------------------------------------------------------------------------
-// The tables, indexed as WideKernels (kernels/wide_kernels.hpp) says.
-
-#define SHMRING_WIDE_TABLE(ns, isa_name)                                                     \
-  WideKernels {                                                                              \
-    {{{ns::to_wide<false, Add, false>, ns::to_wide<false, Add, true>},                       \
-      {ns::to_wide<false, Mul, false>, ns::to_wide<false, Mul, true>}},                      \
-     {{ns::to_wide<true, Add, false>, ns::to_wide<true, Add, true>},                         \
-      {ns::to_wide<true, Mul, false>, ns::to_wide<true, Mul, true>}}},                       \
-        {{{ns::to_narrow<false, Add, false, false>, ns::to_narrow<false, Add, true, false>}, \
-          {ns::to_narrow<false, Mul, false, false>, ns::to_narrow<false, Mul, true, false>}, \
-          {ns::to_narrow<false, Add, false, true>, ns::to_narrow<false, Add, true, true>}},  \
-         {{ns::to_narrow<true, Add, false, false>, ns::to_narrow<true, Add, true, false>},   \
-          {ns::to_narrow<true, Mul, false, false>, ns::to_narrow<true, Mul, true, false>},   \
-          {ns::to_narrow<true, Add, false, true>, ns::to_narrow<true, Add, true, true>}}},   \
-        {{ns::many_to_narrow<false, Add, false>, ns::many_to_narrow<false, Mul, false>,      \
-          ns::many_to_narrow<false, Add, true>},                                             \
-         {ns::many_to_narrow<true, Add, false>, ns::many_to_narrow<true, Mul, false>,        \
-          ns::many_to_narrow<true, Add, true>}},                                             \
-        ns::many_in_float32, ns::kLanes, isa_name                                            \
-  }
+// The tables (kTable of kernels/wide_loops.inc), where the CPU has the
+// instructions.
 
 const WideKernels* wide_kernels_avx512() {
-  static const WideKernels table = SHMRING_WIDE_TABLE(avx512, "avx512");
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return ok ? &table : nullptr;
+  return ok ? &avx512::kTable : nullptr;
 }
 
 const WideKernels* wide_kernels_avx2() {
-  static const WideKernels table = SHMRING_WIDE_TABLE(avx2, "avx2");
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return ok ? &table : nullptr;
+  return ok ? &avx2::kTable : nullptr;
 }
-
-#undef SHMRING_WIDE_TABLE
 
 }  // namespace shmring::detail
 

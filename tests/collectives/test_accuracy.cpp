@@ -180,11 +180,12 @@ TEST_CASE("wide kernels: every 16-bit input widens exactly, unaligned, odd lengt
 }
 
 // Every table of 16-bit kernels this CPU runs: the portable loops, and the
-// x86 vector kernels or the SVE copy where present (kernels/wide_kernels.hpp).
+// x86 vector kernels, the NEON ones or the SVE copy where present
+// (kernels/wide_kernels.hpp).
 std::vector<const detail::WideKernels*> wide_tables() {
   std::vector<const detail::WideKernels*> v{&detail::wide_kernels_portable()};
-  for (const detail::WideKernels* t :
-       {detail::wide_kernels_avx2(), detail::wide_kernels_avx512(), detail::wide_kernels_sve()})
+  for (const detail::WideKernels* t : {detail::wide_kernels_avx2(), detail::wide_kernels_avx512(),
+                                       detail::wide_kernels_neon(), detail::wide_kernels_sve()})
     if (t) v.push_back(t);
   return v;
 }
