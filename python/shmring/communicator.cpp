@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -149,6 +150,21 @@ py::dict config_dict(const Config& c) {
   return d;
 }
 
+// `message` with the core's Options field names (Options::timeout_s=...)
+// replaced by the Communicator keywords that set them (timeout=...).
+std::string keyword_names(std::string message) {
+  static const std::pair<std::string_view, std::string_view> kNames[] = {
+      {"Options::timeout_s=", "timeout="},
+      {"Options::slot_bytes=", "slot_bytes="},
+      {"Options::slots=", "slots="},
+      {"Options::threads=", "threads="},
+      {"Options::job_id", "job_id"}};
+  for (const auto& [field, keyword] : kNames)
+    for (auto at = message.find(field); at != std::string::npos; at = message.find(field, at))
+      message.replace(at, field.size(), keyword);
+  return message;
+}
+
 }  // namespace
 
 void bind_communicator(py::module_& m) {
@@ -205,9 +221,13 @@ until the timeout; refused alike on every rank, the communicator stays usable.
              // (only around the C++ constructor; pybind11 registers the new
              // instance with the GIL held).
              std::unique_ptr<PyCommunicator> comm;
-             {
+             try {
                py::gil_scoped_release release;
                comm = std::make_unique<PyCommunicator>(o);
+             } catch (const InvalidArgumentError& e) {
+               // The core names the C++ fields (Options::timeout_s=-1):
+               // name the keywords this caller wrote instead.
+               throw InvalidArgumentError(keyword_names(e.what()));
              }
              return comm;
            }),

@@ -179,13 +179,15 @@ def test_exception_hierarchy():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rank=3, size=2), "rank"),
     (dict(rank=0, size=0), "size"),
-    (dict(rank=0, size=1, job_id="bad id!"), "job id"),
-    (dict(rank=0, size=1, slots=1), "slot"),
+    (dict(rank=0, size=1, job_id="bad id!"), r"job id 'bad id!' \(job_id\)"),
+    (dict(rank=0, size=1, slots=1), r"\bslots=1: expected"),
+    (dict(rank=0, size=1, slot_bytes=1000), r"\bslot_bytes=1000: expected a multiple of 4096"),
     # Values that used to fall back to a default silently, or name -1 for
-    # an argument never given.
-    (dict(rank=0, size=1, timeout=-1), r"timeout_s=-1: expected seconds"),
-    (dict(rank=0, size=1, timeout=float("nan")), r"timeout_s=nan: expected seconds"),
-    (dict(rank=0, size=1, threads=-2), r"threads=-2: expected"),
+    # an argument never given. The messages name the keywords, not the C++
+    # fields behind them (Options::timeout_s).
+    (dict(rank=0, size=1, timeout=-1), r"\btimeout=-1: expected seconds"),
+    (dict(rank=0, size=1, timeout=float("nan")), r"\btimeout=nan: expected seconds"),
+    (dict(rank=0, size=1, threads=-2), r"\bthreads=-2: expected"),
     (dict(rank=0), r"rank=0 given but no world_size"),
     (dict(size=2), r"world_size=2 given but no rank"),
 ])
@@ -194,6 +196,7 @@ def test_bad_constructor_arguments(job_id, kwargs, message):
     with pytest.raises(shmring.InvalidArgumentError, match=message) as info:
         shmring.Communicator(**kwargs)
     assert info.value.code == shmring.ErrorCode.INVALID_ARGUMENT
+    assert "Options::" not in str(info.value)
 
 
 def test_properties_and_close(job_id):
