@@ -1,6 +1,7 @@
 #include "base/fork.hpp"
 
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@ namespace {
 // gone; the parent's tracked descriptors are guarded by g_fork_mutex, held
 // across fork so that the child never sees a list half changed.
 std::atomic<unsigned> g_fork_generation{0};
+std::atomic<std::int64_t> g_forked_at_ns{-1};
 std::mutex g_fork_mutex;
 std::vector<int>& fork_fds() {
   static auto* fds = new std::vector<int>();  // never destroyed: atfork may run late
@@ -30,6 +32,10 @@ void fork_child() {
   for (int fd : fork_fds()) ::close(fd);
   fork_fds().clear();
   g_fork_generation.fetch_add(1, std::memory_order_relaxed);
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);  // async-signal-safe, as is all of this handler
+  g_forked_at_ns.store(std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec,
+                       std::memory_order_relaxed);
   g_fork_mutex.unlock();
 }
 
@@ -45,11 +51,19 @@ void register_handler() {
   (void)registered;
 }
 
+// Registered at load too, so that a child forked before the first
+// communicator still learns when it was forked (forked_at_realtime_ns).
+[[maybe_unused]] const bool g_registered_at_load = (register_handler(), true);
+
 }  // namespace
 
 unsigned fork_generation() {
   register_handler();
   return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+std::int64_t forked_at_realtime_ns() {
+  return g_forked_at_ns.load(std::memory_order_relaxed);
 }
 
 void track_fd(int fd) {

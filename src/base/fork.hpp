@@ -5,12 +5,21 @@
 // forks and one pthread_atfork handler serve every object that must notice
 // it is a child's copy (requests, the engine, point-to-point, the segment).
 
+#include <cstdint>
+
 namespace shmring::detail {
 
 /// Bumped in every child right after fork() (pthread_atfork): an object that
 /// recorded another generation was inherited, and its threads did not come
 /// along. The first call registers the handler.
 unsigned fork_generation();
+
+/// When this process was last forked from its parent without exec, on
+/// CLOCK_REALTIME in nanoseconds, read by the child right after fork(); -1
+/// if it was not forked since the library was loaded (the handler is
+/// registered at load). Exact where /proc/self/stat's start time is not:
+/// qemu-user reports a forked child's start as its parent's.
+std::int64_t forked_at_realtime_ns();
 
 /// Closes `fd` in every child forked from now on, right after fork (the
 /// segment's descriptor: its open-file-description lock says "rank r is

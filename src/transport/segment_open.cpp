@@ -32,6 +32,7 @@ std::int64_t realtime_ns(clockid_t clock) {
 }
 
 std::int64_t process_start_realtime_ns() {
+  if (const std::int64_t forked = forked_at_realtime_ns(); forked >= 0) return forked;
   // proc(5): field 22 of /proc/self/stat, starttime, in clock ticks since
   // boot; the fields after the command name's closing parenthesis start at
   // field 3. 0 or unreadable: unknown.

@@ -109,8 +109,9 @@ int link_as(int fd, const std::string& name);
 
 // This rank's entries in its RankArea, and clocks (segment_open.cpp).
 std::int64_t realtime_ns(clockid_t clock = CLOCK_REALTIME);
-/// When this process started (fork or exec), on CLOCK_REALTIME, rounded up
-/// to the next clock tick; -1 where /proc does not say.
+/// When this process started, on CLOCK_REALTIME: the time it was forked
+/// where the library saw the fork (base/fork.hpp), else /proc/self/stat's
+/// start time rounded up to the next clock tick; -1 where neither says.
 std::int64_t process_start_realtime_ns();
 void publish_cpus(RankInfo& info, const SegmentRequest& req);
 
