@@ -103,6 +103,11 @@ SHMRING_INLINE F add_f(F a, F b) {
   return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)};
 }
 
+SHMRING_INLINE F halve_f(F a) {
+  const float32x4_t half = vdupq_n_f32(0.5f);
+  return {vmulq_f32(a.lo, half), vmulq_f32(a.hi, half)};
+}
+
 SHMRING_INLINE U bits_f(F f) {
   return {vreinterpretq_u32_f32(f.lo), vreinterpretq_u32_f32(f.hi)};
 }
@@ -205,23 +210,6 @@ SHMRING_INLINE U round_to_odd(V v) {
 template <bool Bf16>
 SHMRING_INLINE void store16(unsigned char* p, V v) {
   store16f<Bf16>(p, round_to_odd(v));
-}
-
-// The sum of two 16-bit values, or of their halves (avg), rounded once in
-// float32: the correctly rounded result (docs/design/accuracy.md, "Two
-// 16-bit inputs").
-template <bool Bf16, bool Half>
-void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned char* y,
-                      std::size_t n) {
-  for (std::size_t i = 0; i < n; i += kLanes) {
-    F a = load16f<Bf16>(x + 2 * i), b = load16f<Bf16>(y + 2 * i);
-    if constexpr (Half) {  // halve first: the sum of two may pass float32's range
-      const float32x4_t half = vdupq_n_f32(0.5f);
-      a = {vmulq_f32(a.lo, half), vmulq_f32(a.hi, half)};
-      b = {vmulq_f32(b.lo, half), vmulq_f32(b.hi, half)};
-    }
-    store16f<Bf16>(d + 2 * i, bits_f(add_f(a, b)));
-  }
 }
 
 #undef SHMRING_INLINE

@@ -110,6 +110,10 @@ inline __attribute__((always_inline)) F add_f(F a, F b) {
   return _mm512_add_ps(a, b);
 }
 
+inline __attribute__((always_inline)) F halve_f(F a) {
+  return _mm512_mul_ps(a, _mm512_set1_ps(0.5f));
+}
+
 inline __attribute__((always_inline)) __m512i bits_f(F f) {
   return _mm512_castps_si512(f);
 }
@@ -210,23 +214,6 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
       p, _mm512_inserti64x4(_mm512_castsi256_si512(round_to_odd(v.lo)), round_to_odd(v.hi), 1));
 }
 
-// The sum of two 16-bit values, or of their halves (avg), rounded once in
-// float32: the correctly rounded result (docs/design/accuracy.md, "Two
-// 16-bit inputs").
-template <bool Bf16, bool Half>
-void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned char* y,
-                      std::size_t n) {
-  for (std::size_t i = 0; i < n; i += kLanes) {
-    __m512 a = load16f<Bf16>(x + 2 * i), b = load16f<Bf16>(y + 2 * i);
-    if constexpr (Half) {  // halve first: the sum of two may pass float32's range
-      a = _mm512_mul_ps(a, _mm512_set1_ps(0.5f));
-      b = _mm512_mul_ps(b, _mm512_set1_ps(0.5f));
-    }
-    const __m512 s = _mm512_add_ps(a, b);
-    store16f<Bf16>(d + 2 * i, _mm512_castps_si512(s));
-  }
-}
-
 #include "kernels/wide_loops.inc"
 }  // namespace avx512
 }  // namespace
@@ -282,6 +269,10 @@ inline __attribute__((always_inline)) V load16(const unsigned char* p) {
 
 inline __attribute__((always_inline)) F add_f(F a, F b) {
   return _mm256_add_ps(a, b);
+}
+
+inline __attribute__((always_inline)) F halve_f(F a) {
+  return _mm256_mul_ps(a, _mm256_set1_ps(0.5f));
 }
 
 inline __attribute__((always_inline)) __m256i bits_f(F f) {
@@ -393,21 +384,6 @@ inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u)
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
   store16f<Bf16>(p, _mm256_set_m128i(round_to_odd(v.hi), round_to_odd(v.lo)));
-}
-
-// As avx512::pair_sum_float32.
-template <bool Bf16, bool Half>
-void pair_sum_float32(unsigned char* d, const unsigned char* x, const unsigned char* y,
-                      std::size_t n) {
-  for (std::size_t i = 0; i < n; i += kLanes) {
-    __m256 a = load16f<Bf16>(x + 2 * i), b = load16f<Bf16>(y + 2 * i);
-    if constexpr (Half) {
-      a = _mm256_mul_ps(a, _mm256_set1_ps(0.5f));
-      b = _mm256_mul_ps(b, _mm256_set1_ps(0.5f));
-    }
-    const __m256 s = _mm256_add_ps(a, b);
-    store16f<Bf16>(d + 2 * i, _mm256_castps_si256(s));
-  }
 }
 
 #include "kernels/wide_loops.inc"
