@@ -100,13 +100,19 @@ TEST_CASE("a stale segment whose creator died is replaced") {
   boost::interprocess::shared_memory_object::remove(name.c_str());  // even if the above failed
 }
 
-TEST_CASE("process_start_realtime_ns: when this process was forked, rounded up a clock tick") {
+TEST_CASE("process_start_realtime_ns: when this process was forked or started") {
   const std::int64_t before = detail::realtime_ns();
+  // This test process was not forked: /proc's start time, rounded up a tick.
+  const std::int64_t tick_ns = 1'000'000'000 / sysconf(_SC_CLK_TCK);
+  const std::int64_t self = detail::process_start_realtime_ns();
+  CHECK(self > 0);
+  CHECK(self <= before + tick_ns);
+  CHECK(before - self < std::int64_t{3600} * 1'000'000'000);  // not the boot time
+  // A forked child: the fork handler's time, exact.
   auto status = test::run_processes(1, [&](int) {
     const std::int64_t started = detail::process_start_realtime_ns();
     const std::int64_t now = detail::realtime_ns();
-    const std::int64_t tick = 1'000'000'000 / sysconf(_SC_CLK_TCK);
-    SHMRING_CHILD_CHECK(started >= before && started <= now + tick,
+    SHMRING_CHILD_CHECK(started >= before && started <= now,
                         "forked after %lld, now %lld: started %lld", static_cast<long long>(before),
                         static_cast<long long>(now), static_cast<long long>(started));
   });
