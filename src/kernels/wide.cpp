@@ -87,12 +87,11 @@ struct Bf16 {
   static SHMRING_INLINE double load(std::uint16_t h) {
     return static_cast<double>(float_of(static_cast<std::uint32_t>(h) << 16));
   }
-  // Round to nearest even; a NaN stays a quiet NaN.
+  // Round to nearest even; any NaN becomes the default quiet NaN.
   static SHMRING_INLINE std::uint16_t store(float f) {
     const std::uint32_t u = bits_of(f);
     const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const std::uint32_t nan = (u >> 16) | 0x40u;
-    return static_cast<std::uint16_t>(select((u & 0x7fffffffu) > 0x7f800000u, nan, rounded));
+    return static_cast<std::uint16_t>(select((u & 0x7fffffffu) > 0x7f800000u, 0x7fc0u, rounded));
   }
 };
 
@@ -110,9 +109,10 @@ struct F16 {
     const std::uint32_t f = select(em < 0x400u, sub, select(em >= 0x7c00u, special, normal));
     return static_cast<double>(float_of(f | sign));
   }
-  // Round to nearest even. Below 2^-14 (float16 subnormals) adding 0.5
-  // makes the hardware round at float16's subnormal spacing 2^-24, which is
-  // float32's spacing at 0.5; the sum's low bits are then the result.
+  // Round to nearest even; any NaN becomes the default quiet NaN. Below
+  // 2^-14 (float16 subnormals) adding 0.5 makes the hardware round at
+  // float16's subnormal spacing 2^-24, which is float32's spacing at 0.5;
+  // the sum's low bits are then the result.
   static SHMRING_INLINE std::uint16_t store(float f) {
     const std::uint32_t x = bits_of(f);
     const std::uint32_t sign = (x >> 16) & 0x8000u;
@@ -121,8 +121,7 @@ struct F16 {
     const std::uint32_t sub = bits_of(float_of(mag) + 0.5f) - 0x3f000000u;
     std::uint32_t r = select(mag < 0x38800000u, sub, normal);
     r = select(mag >= 0x47800000u, 0x7c00u, r);  // >= 2^16 (just below rounds to inf above)
-    r = select(mag > 0x7f800000u, 0x7e00u, r);   // NaN
-    return static_cast<std::uint16_t>(r | sign);
+    return static_cast<std::uint16_t>(select(mag > 0x7f800000u, 0x7e00u, r | sign));
   }
 };
 

@@ -20,7 +20,8 @@
 //   float32 -> float16    fcvtn in FPCR's rounding mode (round to nearest
 //                         even unless a program changed it, as for the
 //                         portable loops' float arithmetic); a NaN becomes
-//                         the portable loops' quiet NaN (sign | 0x7e00).
+//                         the default quiet NaN 0x7e00, as in the portable
+//                         loops (so is any bfloat16 NaN: 0x7fc0).
 // Like the portable loops these assume the default floating-point
 // environment: flush-to-zero (FPCR.FZ) would flush bfloat16 subnormals.
 // The SVE copy of the portable loops (kernels/target.hpp) stays beside this
@@ -173,14 +174,14 @@ SHMRING_INLINE V scale(V a, double r) {
   return {vmulq_f64(a.v0, rv), vmulq_f64(a.v1, rv), vmulq_f64(a.v2, rv), vmulq_f64(a.v3, rv)};
 }
 
-// 4 float32 values (as bits) rounded to nearest even to bfloat16; a NaN
-// stays a quiet NaN with its sign and top payload bits.
+// 4 float32 values (as bits) rounded to nearest even to bfloat16; any NaN
+// becomes the default quiet NaN.
 SHMRING_INLINE uint16x4_t bf16_of(uint32x4_t u) {
   const uint32x4_t high = vshrq_n_u32(u, 16);
   const uint32x4_t lsb = vandq_u32(high, vdupq_n_u32(1));
   const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
   const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
-  return vmovn_u32(vbslq_u32(nan, vorrq_u32(high, vdupq_n_u32(0x40)), rounded));
+  return vmovn_u32(vbslq_u32(nan, vdupq_n_u32(0x7fc0), rounded));
 }
 
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.
@@ -194,9 +195,7 @@ SHMRING_INLINE void store16f(unsigned char* p, U u) {
     const H converted = vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(lo), hi));
     const H nan = vcombine_u16(vmovn_u32(vmvnq_u32(vceqq_f32(lo, lo))),
                                vmovn_u32(vmvnq_u32(vceqq_f32(hi, hi))));
-    const H sign =
-        vandq_u16(vcombine_u16(vshrn_n_u32(u.lo, 16), vshrn_n_u32(u.hi, 16)), vdupq_n_u16(0x8000));
-    h = vbslq_u16(nan, vorrq_u16(sign, vdupq_n_u16(0x7e00)), converted);
+    h = vbslq_u16(nan, vdupq_n_u16(0x7e00), converted);
   }
   vst1q_u8(p, vreinterpretq_u8_u16(h));
 }

@@ -24,7 +24,8 @@
 //                         treats subnormal inputs as zero, which would lose
 //                         bfloat16's subnormals);
 //   float32 -> float16    vcvtps2ph with round to nearest even; a NaN becomes
-//                         the portable loops' quiet NaN (sign | 0x7e00).
+//                         the default quiet NaN 0x7e00, as in the portable
+//                         loops (so is any bfloat16 NaN: 0x7fc0).
 // Two 16-bit inputs summed (or averaged: each halved first) need no float64: the sum
 // of two float16 or bfloat16 values rounded to float32 rounds to the same
 // 16-bit value as the exact sum (docs/design/accuracy.md gives the
@@ -187,23 +188,21 @@ inline __attribute__((always_inline)) __m256i round_to_odd(__m512d x) {
 // 16 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u) {
-  const __m512i high = _mm512_srli_epi32(u, 16);
   __m256i h;
   if constexpr (Bf16) {
+    const __m512i high = _mm512_srli_epi32(u, 16);
     const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(
         _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(
         _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
     h = _mm512_cvtepi32_epi16(r);
   } else {
     const __m512 f = _mm512_castsi512_ps(u);
     h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    const __m512i quiet = _mm512_or_si512(_mm512_and_si512(high, _mm512_set1_epi32(0x8000)),
-                                          _mm512_set1_epi32(0x7e00));
-    h = _mm256_mask_mov_epi16(h, nan, _mm512_cvtepi32_epi16(quiet));
+    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
   }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
 }
@@ -355,28 +354,24 @@ inline __attribute__((always_inline)) __m128i round_to_odd(__m256d x) {
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u) {
-  const __m256i high = _mm256_srli_epi32(u, 16);
   __m128i h;
   if constexpr (Bf16) {
+    const __m256i high = _mm256_srli_epi32(u, 16);
     const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
     __m256i r = _mm256_srli_epi32(
         _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
     // Magnitudes are below 2^31: the signed compare is the unsigned one.
     const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                            _mm256_set1_epi32(0x7f800000));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   } else {
     const __m256 f = _mm256_castsi256_ps(u);
     h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-    const __m256i quiet = _mm256_or_si256(_mm256_and_si256(high, _mm256_set1_epi32(0x8000)),
-                                          _mm256_set1_epi32(0x7e00));
-    const __m128i quiet16 =
-        _mm_packus_epi32(_mm256_castsi256_si128(quiet), _mm256_extracti128_si256(quiet, 1));
     const __m128i nan16 =
         _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
-    h = _mm_blendv_epi8(h, quiet16, nan16);
+    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan16);
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
 }

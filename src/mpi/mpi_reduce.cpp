@@ -41,7 +41,8 @@ namespace shmring::mpi {
 
 namespace {
 
-// --- 16-bit floats <-> float32 (round to nearest even, NaN stays NaN) ------
+// --- 16-bit floats <-> float32 (round to nearest even; any NaN result is
+// the default quiet NaN, as in the node's kernels: docs/design/accuracy.md) --
 
 float bf16_to_f32(std::uint16_t h) {
   const std::uint32_t u = std::uint32_t{h} << 16;
@@ -53,7 +54,7 @@ float bf16_to_f32(std::uint16_t h) {
 std::uint16_t f32_to_bf16(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>(u >> 16);
 }
@@ -65,6 +66,7 @@ float f16_to_f32(std::uint16_t h) {
 }
 
 std::uint16_t f32_to_f16(float f) {
+  if (std::isnan(f)) return 0x7e00;
   const auto x = static_cast<_Float16>(f);  // IEEE conversion: nearest even
   std::uint16_t h;
   std::memcpy(&h, &x, 2);
