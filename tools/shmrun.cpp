@@ -347,13 +347,15 @@ int main(int argc, char** argv) {
       spec.env.insert(spec.env.begin(), {v, std::to_string(per_rank)});
       set.push_back(v);
     }
+    // Bound ranks get their own cores' worth, even where the ranks
+    // outnumber the cores and share them.
+    const std::string why = spec.bind_to_core
+                                ? fmt::format("--bind-to core: {} core(s) per rank", per_rank)
+                                : fmt::format("{} CPUs / {} ranks", cpus, spec.np);
     if (!set.empty())
-      std::fprintf(stderr,
-                   "shmrun: setting %s=%d for each rank (%d CPUs / %d ranks); set %s yourself "
-                   "to choose\n",
+      std::fprintf(stderr, "shmrun: setting %s=%d for each rank (%s); set %s yourself to choose\n",
                    set.size() == 2 ? "OMP_NUM_THREADS and MKL_NUM_THREADS" : set[0].c_str(),
-                   per_rank, spec.bind_to_core ? per_rank * spec.np : cpus, spec.np,
-                   set.size() == 2 ? "them" : "it");
+                   per_rank, why.c_str(), set.size() == 2 ? "them" : "it");
   }
   return l::run_job(spec);
 }

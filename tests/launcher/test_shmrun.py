@@ -537,6 +537,13 @@ def test_threads_env():
     said = re.findall(r"^shmrun: setting OMP_NUM_THREADS and MKL_NUM_THREADS=(\d+) for each rank",
                       p.stderr, re.M)
     check(said == [per_rank], "one line saying so", p.stderr)
+    check(f"({len(os.sched_getaffinity(0))} CPUs / 2 ranks)" in p.stderr, "says why", p.stderr)
+    # Bound to cores: each rank's share is its own cores, even when the
+    # ranks outnumber the cores (not "4 CPUs" on a 2-CPU machine).
+    p, _ = shmrun(job_id(), ["-n", "4", "--bind-to", "core"], ["env"], env=clean_env())
+    check(p.returncode == 0, f"exit status {p.returncode}", p.stderr)
+    check("=1 for each rank (--bind-to core: 1 core(s) per rank)" in p.stderr,
+          "bound ranks: one core each", p.stderr)
     # The user's own setting wins, from the environment or -x; only the
     # other one is set (and named).
     p, _ = shmrun(job_id(), ["-n", "2"], ["env"], env=clean_env(OMP_NUM_THREADS="3"))
