@@ -279,7 +279,8 @@ Op make_reduce_scatter(Communicator::Impl& c, const void* send, void* recv, std:
                    static_cast<const std::byte*>(send) + static_cast<std::size_t>(c.rank) * bytes,
                    "recv == send + rank * recv_count");
   });
-  Algorithm a = engine::choose(c, CollectiveKind::reduce_scatter, send_bytes);
+  Algorithm a = engine::choose(c, CollectiveKind::reduce_scatter, send_bytes,
+                               detail::reduces_wide(dtype, op));
   return {{CollectiveKind::reduce_scatter, recv_count, dtype, op, -1, a}, send, recv, bytes};
 }
 

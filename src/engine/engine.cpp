@@ -58,6 +58,12 @@ void Communicator::Impl::run(const Op& o) {
         if (copy_only) copy(o.recv, o.send, o.bytes);
       } else if (direct) {
         algo::reduce_scatter_direct(*this, o.send, o.recv, d.count, d.dtype, d.op);
+      } else if (d.algorithm == Algorithm::staged) {
+        // Equal blocks through reduce_scatter_v's rounds (16-bit types at
+        // N > 2: no float64 partial leaves the registers).
+        VectorArgs equal;
+        equal.recv_counts.assign(static_cast<std::size_t>(size), d.count);
+        algo::reduce_scatter_v_staged(*this, o.send, o.recv, equal, d.dtype, d.op);
       } else {
         algo::reduce_scatter_ring(*this, o.send, o.recv, d.count, d.dtype, d.op);
       }

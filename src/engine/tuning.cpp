@@ -52,6 +52,10 @@ constexpr std::array kTable = {
             Algorithm::two_shot,
             "16-bit sums reduce all N copies in registers; the ring carries float64 partials: "
             "bf16 N=4 1 MiB 356 vs 1457 us"},
+  Crossover{kind_bit(K::reduce_scatter), 3, kAnyRanks, Placement::any, kDirectBuffer, kUnbounded,
+            true, Algorithm::staged,
+            "16-bit: the staged rounds reduce all N copies in registers; the ring carries float64 "
+            "partials: bf16 N=3 1 MiB 255 vs 514 us"},
   Crossover{kind_bit(K::allreduce), 3, kAnyRanks, Placement::crowded, kDirectBuffer, kUnbounded,
             false, Algorithm::two_shot,
             "two synchronisations a round, not 2(N-1) a slice: float32 N=4 1 MiB 297 vs 405 us"},
@@ -176,7 +180,7 @@ std::string describe_choices(const TuningInputs& in) {
       in.forced ? fmt::format(", SHMRING_ALGO={}", to_string(*in.forced)) : std::string());
   for (K kind : kinds) {
     for (bool wide : {false, true}) {
-      if (wide && kind != K::allreduce) continue;
+      if (wide && kind != K::allreduce && kind != K::reduce_scatter) continue;
       // Runs of sizes with the same algorithm and row.
       std::size_t i = 0;
       while (i < sizes.size()) {
@@ -187,7 +191,7 @@ std::string describe_choices(const TuningInputs& in) {
                choose(kind, sizes[j + 1], wide, in) == a)
           ++j;
         out +=
-            fmt::format("  {:<17} {:>7} .. {:<7} {:<12} {}\n",
+            fmt::format("  {:<23} {:>7} .. {:<7} {:<12} {}\n",
                         std::string(to_string(kind)) + (wide ? " (16-bit)" : ""), human(sizes[i]),
                         human(sizes[j]), to_string(a), row ? row->why : "forced by SHMRING_ALGO");
         i = j + 1;

@@ -765,8 +765,8 @@ void expect_reference(const std::uint16_t* got, std::size_t count, std::size_t f
   }
 }
 
-// allreduce (out of place and in place), reduce_scatter and reduce to every
-// root, for both 16-bit types and sum, avg, prod, against the reference.
+// allreduce and reduce_scatter (out of place and in place) and reduce to
+// every root, for both 16-bit types and sum, avg, prod, against the reference.
 void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t seed) {
   const int n = comm.size(), r = comm.rank();
   for (DataType t : {DataType::float16, DataType::bfloat16}) {
@@ -781,6 +781,10 @@ void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t see
 
       comm.reduce_scatter(send.data(), recv.data(), count, t, op);
       expect_reference(recv.data(), count, r * count, t, op, seed, n, "reduce_scatter", r);
+      std::vector<std::uint16_t> whole(send);  // in place: the result over our block
+      comm.reduce_scatter(whole.data(), whole.data() + r * count, count, t, op);
+      expect_reference(whole.data() + r * count, count, r * count, t, op, seed, n,
+                       "in-place reduce_scatter", r);
 
       for (int root = 0; root < n; ++root) {
         std::fill(recv.begin(), recv.end(), 0xdead);
