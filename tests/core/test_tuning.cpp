@@ -31,6 +31,11 @@ TEST_CASE("allreduce crossovers") {
   CHECK(choose(K::allreduce, 4097, false, alone(8)) == Algorithm::ring);
   CHECK(choose(K::allreduce, 16 * 1024, false, crowded(3)) == Algorithm::direct);
   CHECK(choose(K::allreduce, 16 * 1024 + 1, false, crowded(3)) == Algorithm::ring);
+  // 16-bit at N=3 crowded: one-shot up to the direct buffer (no float64
+  // partials), the two-shot rounds past it.
+  CHECK(choose(K::allreduce, 16 * 1024 + 1, true, crowded(3)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, kDirect, true, crowded(3)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, kDirect + 1, true, crowded(3)) == Algorithm::two_shot);
   CHECK(choose(K::allreduce, 16 * 1024, false, crowded(4)) == Algorithm::direct);
   CHECK(choose(K::allreduce, 16 * 1024 + 1, false, crowded(4)) == Algorithm::two_shot);
   CHECK(choose(K::allreduce, 8 * 1024 + 1, false, crowded(8)) == Algorithm::two_shot);
