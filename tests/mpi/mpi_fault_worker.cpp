@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   if (mode == "stop-throw") setenv("SHMRING_MPI_ON_ERROR", "throw", 1);
   const int victim = std::atoi(argv[2]);
   shmring::mpi::Communicator comm(MPI_COMM_WORLD);
-  fmt::print("rank {} node {} segment {}\n", comm.rank(), comm.node(),
+  fmt::print("rank {} node {} pid {} segment {}\n", comm.rank(), comm.node(), getpid(),
              comm.node_communicator().config().segment_name);
   std::fflush(stdout);
   comm.barrier();
