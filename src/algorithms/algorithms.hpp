@@ -82,6 +82,11 @@ void allgather_staged(CommState& c, const void* send, void* recv, std::size_t co
                       DataType dtype);
 void reduce_scatter_v_staged(CommState& c, const void* send, void* recv, const VectorArgs& v,
                              DataType dtype, ReduceOp op);
+/// reduce as a gather whose root reduces, in rank order, what the others
+/// stage (one lane): every rank's 16-bit block meets in the root's
+/// registers, where the chain (chain.cpp) would pass float64 partials.
+void reduce_staged(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                   ReduceOp op, int root);
 /// Bytes per lane when a direct buffer is cut into `lanes` equal lanes (a
 /// multiple of 16, so whole elements of every datatype); 0 if too small.
 std::size_t staged_lane_bytes(std::size_t buffer_bytes, int lanes);

@@ -331,7 +331,7 @@ Op make_reduce(Communicator::Impl& c, const void* send, void* recv, std::size_t 
       check_disjoint(c, what, send, bytes, recv, bytes, send, "recv == send");
     }
   });
-  Algorithm a = engine::choose(c, CollectiveKind::reduce, bytes);
+  Algorithm a = engine::choose(c, CollectiveKind::reduce, bytes, detail::reduces_wide(dtype, op));
   return {{CollectiveKind::reduce, count, dtype, op, root, a}, send, recv, bytes};
 }
 

@@ -94,6 +94,8 @@ void Communicator::Impl::run(const Op& o) {
         if (copy_only) copy(o.recv, o.send, o.bytes);
       } else if (direct) {
         algo::reduce_direct(*this, o.send, o.recv, d.count, d.dtype, d.op, d.root);
+      } else if (d.algorithm == Algorithm::staged) {
+        algo::reduce_staged(*this, o.send, o.recv, d.count, d.dtype, d.op, d.root);
       } else {
         algo::reduce_chain(*this, o.send, o.recv, d.count, d.dtype, d.op, d.root);
       }

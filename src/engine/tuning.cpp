@@ -56,6 +56,10 @@ constexpr std::array kTable = {
             true, Algorithm::staged,
             "16-bit: the staged rounds reduce all N copies in registers; the ring carries float64 "
             "partials: bf16 N=3 1 MiB 255 vs 514 us"},
+  Crossover{kind_bit(K::reduce), 3, kAnyRanks, Placement::any, kDirectBuffer, kUnbounded, true,
+            Algorithm::staged,
+            "16-bit: the root reduces the N staged copies in registers; the chain carries float64 "
+            "partials: bf16 N=4 1 MiB 253 vs 771 us"},
   Crossover{kind_bit(K::allreduce), 3, kAnyRanks, Placement::crowded, kDirectBuffer, kUnbounded,
             false, Algorithm::two_shot,
             "two synchronisations a round, not 2(N-1) a slice: float32 N=4 1 MiB 297 vs 405 us"},
@@ -184,7 +188,7 @@ std::string describe_choices(const TuningInputs& in) {
       in.forced ? fmt::format(", SHMRING_ALGO={}", to_string(*in.forced)) : std::string());
   for (K kind : kinds) {
     for (bool wide : {false, true}) {
-      if (wide && kind != K::allreduce && kind != K::reduce_scatter) continue;
+      if (wide && kind != K::allreduce && kind != K::reduce_scatter && kind != K::reduce) continue;
       // Runs of sizes with the same algorithm and row.
       std::size_t i = 0;
       while (i < sizes.size()) {

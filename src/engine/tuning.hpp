@@ -43,7 +43,7 @@ inline constexpr std::uint64_t kUnbounded = ~std::uint64_t{0};
 /// One row of the table: collectives of `kinds`, world sizes in
 /// [min_ranks, max_ranks], placement, a payload (the largest per-rank buffer
 /// the collective puts in shared memory, bytes) in (above, up_to], and for
-/// allreduce and reduce_scatter whether the datatype and operator
+/// allreduce, reduce_scatter and reduce whether the datatype and operator
 /// accumulate wide (16-bit sum/prod/avg; see kernels/wide.hpp) take
 /// `algorithm`. The first row that
 /// matches wins.
@@ -61,9 +61,9 @@ struct Crossover {
 std::span<const Crossover> crossovers();
 
 /// The algorithm for a collective whose largest per-rank buffer in shared
-/// memory would be `payload` bytes; `wide`: an allreduce or reduce_scatter
-/// whose 16-bit reduction accumulates wide (its ring would carry float64
-/// partials).
+/// memory would be `payload` bytes; `wide`: an allreduce, reduce_scatter or
+/// reduce whose 16-bit reduction accumulates wide (its ring or chain would
+/// carry float64 partials).
 /// A forced algorithm (SHMRING_ALGO) applies where it can run; barriers
 /// always take the low-latency line. Pure function of its inputs: every
 /// rank gets the same answer.

@@ -765,8 +765,8 @@ void expect_reference(const std::uint16_t* got, std::size_t count, std::size_t f
   }
 }
 
-// allreduce and reduce_scatter (out of place and in place) and reduce to
-// every root, for both 16-bit types and sum, avg, prod, against the reference.
+// allreduce, reduce_scatter and reduce to every root, out of place and in
+// place, for both 16-bit types and sum, avg, prod, against the reference.
 void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t seed) {
   const int n = comm.size(), r = comm.rank();
   for (DataType t : {DataType::float16, DataType::bfloat16}) {
@@ -790,6 +790,9 @@ void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t see
         std::fill(recv.begin(), recv.end(), 0xdead);
         comm.reduce(send.data(), recv.data(), count, t, op, root);
         if (r == root) expect_reference(recv.data(), count, 0, t, op, seed, n, "reduce", r);
+        std::vector<std::uint16_t> own(send.begin(), send.begin() + count);
+        comm.reduce(own.data(), own.data(), count, t, op, root);
+        if (r == root) expect_reference(own.data(), count, 0, t, op, seed, n, "in-place reduce", r);
       }
     }
   }

@@ -62,6 +62,21 @@ TEST_CASE("16-bit reduce_scatter past the direct buffer at N > 2: the staged rou
   CHECK(engine::describe_choices(alone(3)).find("reduce_scatter (16-bit)") != std::string::npos);
 }
 
+TEST_CASE("16-bit reduce past the direct buffer at N > 2: the staged rounds") {
+  // The chain would carry float64 partials; the root reads all N 16-bit
+  // blocks from the staged rounds and reduces in registers. Float types and
+  // N = 2 keep the chain (Algorithm::ring).
+  for (bool crowd : {false, true}) {
+    const TuningInputs n3 = crowd ? crowded(3) : alone(3);
+    CHECK(choose(K::reduce, kDirect, true, n3) == Algorithm::direct);
+    CHECK(choose(K::reduce, kDirect + 1, true, n3) == Algorithm::staged);
+    CHECK(choose(K::reduce, 64 << 20, true, crowd ? crowded(8) : alone(8)) == Algorithm::staged);
+    CHECK(choose(K::reduce, kDirect + 1, false, n3) == Algorithm::ring);
+    CHECK(choose(K::reduce, kDirect + 1, true, crowd ? crowded(2) : alone(2)) == Algorithm::ring);
+  }
+  CHECK(engine::describe_choices(alone(4)).find("reduce (16-bit)") != std::string::npos);
+}
+
 TEST_CASE("other collectives") {
   CHECK(choose(K::barrier, 0, false, alone(4)) == Algorithm::low_latency);
   CHECK(choose(K::allgather, 8 * 1024, false, alone(2)) == Algorithm::staged);

@@ -1,5 +1,5 @@
 // The staged collectives themselves (staged.cpp explains their rounds):
-// alltoall, alltoallv, gather, scatter, allgather, allgatherv and
+// alltoall, alltoallv, gather, scatter, allgather, allgatherv, reduce and
 // reduce_scatter_v, each a run_rounds with its own writers, readers, header
 // and copies.
 
@@ -185,6 +185,34 @@ void scatter_staged(CommState& c, const void* send, void* recv, std::size_t coun
                  r.await(root, k) + lane_index(root, me, n) * lane, s.bytes);
       },
       copy_own, [&] { cma_take(c, root, me * bytes, static_cast<std::byte*>(recv), bytes); }, send);
+}
+
+void reduce_staged(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
+                   ReduceOp op, int root) {
+  const int n = c.size, me = c.rank;
+  const std::size_t es = datatype_size(dtype), bytes = count * es;
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  // In place, the root's output is its input: its own block goes through its
+  // buffer too, so that no source of the reduction aliases the output.
+  const bool root_stages = me == root && recv == send;
+  Rounds r(c, 1);
+  run_rounds(
+      c, r, me != root || root_stages, me == root, [root](int q) { return q == root; }, bytes,
+      nullptr, [&] { return bytes; },
+      [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes > 0) r.put(buf, in + s.begin, s.bytes);
+      },
+      [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
+        const Slice s = slice_of(bytes, si, lane);
+        if (s.bytes == 0) return;
+        for (int t = 1; t < n; ++t) r.await((me + t) % n, k);
+        reduce_in_rank_order(
+            c, out + s.begin,
+            [&](int q) { return q == me && !root_stages ? in + s.begin : r.buffer(q, k); }, n,
+            s.bytes / es, dtype, op);
+      });
 }
 
 namespace {
