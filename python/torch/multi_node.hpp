@@ -147,6 +147,14 @@ class CrossNode {
   // Stages, run on the executor thread.
   void local_wait(Request request);
   static void gloo_wait(const c10::intrusive_ptr<Work>& work);
+  /// gloo's allreduce of contiguous `buf` over `group`, in place. gloo's
+  /// MIN and MAX compare with `<`, so whether a NaN wins depends on the
+  /// operands' order and -0 ties with +0; shmring's are IEEE 754-2019
+  /// minimum and maximum (docs/guide/datatypes-and-accuracy.md). Floating
+  /// data therefore crosses gloo's MIN and MAX as integers that order as
+  /// the floats do (-0 below +0), every NaN as the integer that wins, and
+  /// comes back with any NaN the default quiet NaN.
+  static void gloo_allreduce(BackendBase& group, const at::Tensor& buf, const ::c10d::ReduceOp& op);
   /// In-place allreduce of a contiguous tensor of a dtype both shmring and
   /// gloo reduce (16-bit floats are widened by the callers).
   /// With `narrow_out` (the caller's contiguous 16-bit tensor, `buf` its

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <limits>
 
 #include "convert.hpp"
 
@@ -48,10 +49,16 @@ void check_root(int root, int size, const char* op) {
               " is not in [0, ", size, ")");
 }
 
+void round_into(const at::Tensor& dst, const at::Tensor& src) {
+  dst.copy_(src);
+  if (is_16bit(dst.scalar_type()) && src.scalar_type() != dst.scalar_type())
+    dst.masked_fill_(dst.isnan(), std::numeric_limits<float>::quiet_NaN());
+}
+
 void unflatten(const at::Tensor& src, const std::vector<at::Tensor>& outputs) {
   std::int64_t offset = 0;
   for (const auto& o : outputs) {
-    o.copy_(src.narrow(0, offset, o.numel()).view(o.sizes()));
+    round_into(o, src.narrow(0, offset, o.numel()).view(o.sizes()));
     offset += o.numel();
   }
 }

@@ -27,7 +27,16 @@ void check_list(const std::vector<at::Tensor>& list, int size, const at::Tensor&
 
 void check_root(int root, int size, const char* op);
 
-// Copies consecutive pieces of flat `src` into `outputs`.
+// dst.copy_(src), where `src` holds a float32 result of a 16-bit reduction
+// and `dst` (same shape, any strides) is the 16-bit tensor it rounds into.
+// torch rounds to nearest even, as shmring's kernels do, but keeps a NaN's
+// sign and payload (-NaN becomes float16 0xfe00, bfloat16 0xffff); the
+// kernels and the MPI layer write the default quiet NaN (0x7e00, 0x7fc0;
+// docs/design/accuracy.md), so NaNs are set to it afterwards. Any other
+// pair of dtypes is a plain copy_.
+void round_into(const at::Tensor& dst, const at::Tensor& src);
+
+// Copies consecutive pieces of flat `src` into `outputs` (round_into).
 void unflatten(const at::Tensor& src, const std::vector<at::Tensor>& outputs);
 
 at::Tensor flatten(const std::vector<at::Tensor>& tensors);

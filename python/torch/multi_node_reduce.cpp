@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,38 @@ void CrossNode::gloo_wait(const c10::intrusive_ptr<Work>& work) {
   work->wait();
 }
 
+void CrossNode::gloo_allreduce(BackendBase& group, const at::Tensor& buf,
+                               const ::c10d::ReduceOp& op) {
+  ::c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  const auto kind = reduce_op_kind(op);
+  const bool ordered = (kind == ::c10d::ReduceOp::MIN || kind == ::c10d::ReduceOp::MAX) &&
+                       (buf.scalar_type() == at::kFloat || buf.scalar_type() == at::kDouble);
+  std::vector<at::Tensor> one{buf};
+  if (!ordered) {
+    gloo_wait(group.allreduce(one, opts));
+    return;
+  }
+  // The IEEE bits of a float, read as a signed integer, order the
+  // non-negative floats; flipping every bit but the sign of the negative
+  // ones orders those too, below the others, with -0 (-1) just below +0
+  // (0). The map is its own inverse.
+  const bool f32 = buf.scalar_type() == at::kFloat;
+  const at::Tensor nan = buf.isnan();
+  at::Tensor key = buf.view(f32 ? at::kInt : at::kLong);
+  const std::int64_t low_bits = f32 ? 0x7fffffff : std::numeric_limits<std::int64_t>::max();
+  const auto flip = [&] { key.copy_(at::where(key.lt(0), key.bitwise_xor(low_bits), key)); };
+  flip();
+  const bool max = kind == ::c10d::ReduceOp::MAX;
+  key.masked_fill_(nan, max ? (f32 ? std::numeric_limits<std::int32_t>::max() : low_bits)
+                            : (f32 ? std::numeric_limits<std::int32_t>::min()
+                                   : std::numeric_limits<std::int64_t>::min()));
+  std::vector<at::Tensor> keys{key};
+  gloo_wait(group.allreduce(keys, opts));
+  flip();
+  buf.masked_fill_(buf.isnan(), std::numeric_limits<double>::quiet_NaN());
+}
+
 // A contiguous tensor of `tensor`'s values that the reduction stages work
 // on: for 16-bit floats a float32 copy in the group's scratch buffer
 // (partials cross the network unrounded and the result rounds once when the
@@ -74,8 +107,6 @@ bool CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op
   const int local_size = static_cast<int>(layout_.nodes[static_cast<std::size_t>(node_)].size());
   const std::size_t bytes = count * static_cast<std::size_t>(buf.element_size());
   void* data = buf.data_ptr();
-  ::c10d::AllreduceOptions gopts;
-  gopts.reduceOp = op;
   if (shard_ && bytes >= shard_bytes_ && count >= static_cast<std::size_t>(local_size)) {
     // Reduce-scatter in the node, each shard across the nodes (every local
     // rank at once, over its own connections), allgather in the node.
@@ -88,8 +119,7 @@ bool CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op
       shard_scratch_ = at::empty({shard_bytes}, at::TensorOptions().dtype(at::kByte));
     at::Tensor shard = at::from_blob(shard_scratch_.data_ptr(), {shard_count}, buf.options());
     local_wait(comm_->ireduce_scatter_v(data, shard.data_ptr(), counts, dtype, sop));
-    std::vector<at::Tensor> one{shard};
-    gloo_wait(shard_->allreduce(one, gopts));
+    gloo_allreduce(*shard_, shard, op);
     if (narrow_out.defined()) {
       // The one rounding, shard by shard: the same values as rounding the
       // whole float32 result, with half the bytes in the allgather and no
@@ -100,7 +130,7 @@ bool CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op
         narrow_scratch_ = at::empty({narrow_bytes}, at::TensorOptions().dtype(at::kByte));
       at::Tensor narrow =
           at::from_blob(narrow_scratch_.data_ptr(), {shard_count}, narrow_out.options());
-      narrow.copy_(shard);
+      round_into(narrow, shard);
       local_wait(comm_->iallgatherv(narrow.data_ptr(), narrow.numel(), narrow_out.data_ptr(),
                                     counts, displs,
                                     to_datatype(narrow_out.scalar_type(), "allreduce")));
@@ -112,10 +142,7 @@ bool CrossNode::allreduce_flat(const at::Tensor& buf, const ::c10d::ReduceOp& op
   // Reduce to the node's leader, allreduce among the leaders, broadcast in
   // the node.
   local_wait(comm_->ireduce(data, data, count, dtype, sop, 0));
-  if (leaders_) {
-    std::vector<at::Tensor> one{buf};
-    gloo_wait(leaders_->allreduce(one, gopts));
-  }
+  if (leaders_) gloo_allreduce(*leaders_, buf, op);
   local_wait(comm_->ibroadcast(data, count, dtype, 0));
   return false;
 }
@@ -156,7 +183,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce(std::vector<at::Tensor>& tensors,
     const bool narrow = !buf.is_same(tensor) && tensor.is_contiguous();
     if (allreduce_flat(buf, op, narrow ? tensor : at::Tensor(), avg ? size : 0)) return;
     if (avg) buf.div_(size);
-    if (!buf.is_same(tensor)) tensor.copy_(buf);  // 16-bit: the one rounding
+    if (!buf.is_same(tensor)) round_into(tensor, buf);  // 16-bit: the one rounding
   });
 }
 
@@ -200,7 +227,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce(std::vector<at::Tensor>& tensors,
     at::Tensor buf = is_16bit(tensor.scalar_type()) ? widened(tensor) : tensor.contiguous().clone();
     allreduce_flat(buf, op);
     if (avg) buf.div_(size);
-    if (mine) tensor.copy_(buf);
+    if (mine) round_into(tensor, buf);
   });
 }
 
@@ -244,7 +271,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
                   at::Tensor buf = widened(flatten(inputs));
                   allreduce_flat(buf, op);
                   if (avg) buf.div_(size);
-                  output.copy_(buf.narrow(0, offset, output.numel()).view(output.sizes()));
+                  round_into(output, buf.narrow(0, offset, output.numel()).view(output.sizes()));
                 });
 }
 
@@ -269,7 +296,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter_base(at::Tensor& output, at::
         buf = buf.reshape({-1});
         allreduce_flat(buf, op);
         if (avg) buf.div_(size);
-        out.copy_(buf.narrow(0, offset, out.numel()).view(out.sizes()));
+        round_into(out, buf.narrow(0, offset, out.numel()).view(out.sizes()));
       });
 }
 

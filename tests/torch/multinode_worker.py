@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -115,6 +116,108 @@ def part_rounding(rank, size):
     print("rounding ok", flush=True)
 
 
+def unsigned_bits(t):
+    """The IEEE bits of floating tensor `t`'s elements, as unsigned numpy ints."""
+    ints = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32), 8: (torch.int64, np.uint64)}
+    signed, unsigned = ints[t.element_size()]
+    return t.contiguous().view(signed).numpy().view(unsigned)
+
+
+def part_nan(rank, size):
+    """A 16-bit NaN result across nodes is the default quiet NaN (0x7e00,
+    0x7fc0), as inside a node (docs/guide/datatypes-and-accuracy.md), on
+    every rounding path: the leaders' and the sharded allreduce, contiguous
+    and strided, coalesced, reduce, reduce_scatter and its base form. In
+    every triple of elements: +inf on rank 0 against -inf on the last rank
+    (another node), which makes inf - inf; a negative NaN with a payload on
+    rank 1; 0 everywhere."""
+    quiet = {torch.float16: 0x7E00, torch.bfloat16: 0x7FC0}
+    neg_payload = {torch.float16: 0xFE01, torch.bfloat16: 0xFFC1}
+
+    def inputs(dtype, n):
+        t = torch.zeros(n, dtype=dtype)
+        if rank == 0:
+            t[0::3] = float("inf")
+        if rank == size - 1:
+            t[0::3] = float("-inf")
+        bits = t.view(torch.int16)
+        if rank == 1:
+            bits[1::3] = neg_payload[dtype] - 0x10000
+        return t
+
+    def expect(t, dtype, what):
+        """Elements 3k and 3k + 1 hold the quiet NaN, 3k + 2 holds 0."""
+        bits = unsigned_bits(t.reshape(-1))
+        for j, want in enumerate((quiet[dtype], quiet[dtype], 0)):
+            bad = np.flatnonzero(bits[j::3] != want)
+            if bad.size:
+                k = 3 * int(bad[0]) + j
+                check(False, f"{what} {dtype}: element {k} is {hex(int(bits[k]))}, "
+                      f"expected {hex(want)}")
+
+    for dtype in (torch.float16, torch.bfloat16):
+        for op in ("SUM", "AVG"):
+            t = inputs(dtype, 9)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            expect(t, dtype, f"all_reduce {op}")
+        # Large enough for the sharded path on 2x2 (SHMRING_TORCH_SHARD_BYTES);
+        # a strided view rounds after a float32 allgather.
+        big = inputs(dtype, 3 * 4000)
+        dist.all_reduce(big)
+        expect(big, dtype, "all_reduce large")
+        strided = torch.stack([inputs(dtype, 3 * 2000), inputs(dtype, 3 * 2000)], dim=1)[:, 0]
+        dist.all_reduce(strided)
+        expect(strided, dtype, "all_reduce strided")
+        ts = [inputs(dtype, 6), inputs(dtype, 3 * 700)]
+        dist.all_reduce_coalesced(ts)
+        for k, t in enumerate(ts):
+            expect(t, dtype, f"all_reduce_coalesced tensor {k}")
+        for root in (0, size - 1):
+            t = inputs(dtype, 30)
+            dist.reduce(t, dst=root)
+            if rank == root:
+                expect(t, dtype, f"reduce to {root}")
+        out = torch.empty(30, dtype=dtype)
+        dist.reduce_scatter(out, [inputs(dtype, 30) for _ in range(size)])
+        expect(out, dtype, "reduce_scatter")
+        out = torch.empty(30, dtype=dtype)
+        dist._reduce_scatter_base(out, inputs(dtype, 30 * size))
+        expect(out, dtype, "_reduce_scatter_base")
+    print("nan ok", flush=True)
+
+
+def part_minmax(rank, size):
+    """MIN and MAX across nodes are IEEE 754-2019 minimum and maximum, as
+    inside a node: a NaN on either side of the gloo stage wins (the default
+    quiet NaN), -0 is below +0. In every group of four elements: -0 on the
+    last rank (another node than rank 0) against +0; a NaN on the last rank;
+    a NaN on rank 0; the rank. Small (the leaders' path) and large (sharded
+    on 2x2)."""
+    quiet = {torch.float32: 0x7FC00000, torch.float64: 0x7FF8000000000000,
+             torch.float16: 0x7E00, torch.bfloat16: 0x7FC0}
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for n in (8, 4 * 3000):
+            for op, zero, last in (("MIN", -0.0, 0), ("MAX", 0.0, size - 1)):
+                t = torch.zeros(n, dtype=dtype)
+                if rank == size - 1:
+                    t[0::4] = -0.0
+                    t[1::4] = float("nan")
+                if rank == 0:
+                    t[2::4] = float("nan")
+                t[3::4] = rank
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                got = unsigned_bits(t)
+                wants = (unsigned_bits(torch.tensor([zero], dtype=dtype))[0], quiet[dtype],
+                         quiet[dtype], unsigned_bits(torch.tensor([last], dtype=dtype))[0])
+                for j, want in enumerate(wants):
+                    bad = np.flatnonzero(got[j::4] != want)
+                    if bad.size:
+                        k = 4 * int(bad[0]) + j
+                        check(False, f"all_reduce {op} {dtype} n={n}: element {k} is "
+                              f"{hex(int(got[k]))}, expected {hex(int(want))}")
+    print("minmax ok", flush=True)
+
+
 def part_p2p(rank, size):
     """send/recv between every pair of neighbours (across nodes too), both
     blocking and batched."""
@@ -203,6 +306,8 @@ def scenario_ops(rank, size):
     cw.scenario_uneven(rank, size)
     part_against_gloo(rank, size)
     part_rounding(rank, size)
+    part_nan(rank, size)
+    part_minmax(rank, size)
     part_p2p(rank, size)
     part_groups(rank, size)
     part_ddp(rank, size)

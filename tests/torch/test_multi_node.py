@@ -84,7 +84,8 @@ def test_every_operation_across_fake_nodes(nodes):
     base, uneven), reduce, barrier, all_to_all(_single), gather, scatter,
     send/recv across nodes, new_group across and inside nodes, object
     collectives, async works and futures, DDP with comm hooks; exact
-    values, or gloo's over the same ranks. On 2x2 allreduces from 4 KiB
+    values, or gloo's over the same ranks; a 16-bit NaN result and MIN/MAX
+    (NaN, -0 against +0) bit for bit as on one machine. On 2x2 allreduces from 4 KiB
     take the sharded path (reduce-scatter, shard allreduce, allgather),
     smaller ones and 3+1's all the leaders' path."""
     shard = {"SHMRING_TORCH_SHARD_BYTES": "4096"} if nodes == "2x2" else {}
