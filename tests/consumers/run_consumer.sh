@@ -68,7 +68,7 @@ case $mode in
     # The .pc names the final prefix; the sysroot variable maps it into DESTDIR.
     export PKG_CONFIG_PATH="$root_libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$tmp/root"
     flags=$(pkg-config --cflags --libs shmring)
-    case "$flags" in *tbb* | *fmt* | *spdlog* | *boost*) echo "private deps leak: $flags"; exit 1 ;; esac
+    case "${flags,,}" in *tbb* | *fmt* | *spdlog* | *boost* | *json*) echo "private deps leak: $flags"; exit 1 ;; esac
     # shellcheck disable=SC2086
     ${CXX:-c++} -std=c++20 -o "$tmp/consumer" "$tmp/consumer.cpp" $flags
     exe="$tmp/consumer"
