@@ -33,10 +33,11 @@ def descendants(pid):
     return [r for r in rows if int(r.split()[0]) in below - {pid}]
 
 
-def run_fake_nodes(args, env, timeout):
+def run_fake_nodes(args, env, timeout, fail_on_timeout=True):
     """tools/fake-nodes ARGS to its end, its output (stdout and stderr
     together) captured. Past `timeout` seconds the test fails with the
-    processes still running below it and the end of their output; they are
+    processes still running below it and the end of their output (or, with
+    fail_on_timeout=False, that report is returned as a string); they are
     ended with SIGTERM first, which fake-nodes passes on to its nodes (each
     its own session, so a SIGKILL of fake-nodes alone would leave them
     running), then SIGKILL."""
@@ -53,8 +54,11 @@ def run_fake_nodes(args, env, timeout):
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-        pytest.fail(f"tools/fake-nodes {' '.join(args)} ran past {timeout} s. Its processes "
-                    "then:\n" + "\n".join(stuck) + "\n--- output:\n" + out[-20000:])
+        report = (f"tools/fake-nodes {' '.join(args)} ran past {timeout} s. Its processes "
+                  "then:\n" + "\n".join(stuck) + "\n--- output:\n" + out[-20000:])
+        if fail_on_timeout:
+            pytest.fail(report)
+        return report
 
 
 def run_rig(nodes, *args, timeout=420, env_extra=None):
@@ -123,11 +127,21 @@ def test_ddp_cnn_trains_across_fake_nodes_as_with_gloo(tmp_path):
     for backend in ("shmring", "gloo"):
         out_dir = tmp_path / backend
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
-        proc = run_fake_nodes(
-            ["--nodes", "2x2", "--launcher", "torchrun", "--",
-             str(REPO / "examples" / "train_torch.py"), "--ddp", "--backend", backend,
-             "--model", "cnn", "--max-steps", "4", "--warmup", "1", "--batch-size", "64",
-             "--seed", "3", "--dump-params", str(out_dir)], env, 420)
+        args = ["--nodes", "2x2", "--launcher", "torchrun", "--",
+                str(REPO / "examples" / "train_torch.py"), "--ddp", "--backend", backend,
+                "--model", "cnn", "--max-steps", "4", "--warmup", "1", "--batch-size", "64",
+                "--seed", "3", "--dump-params", str(out_dir)]
+        if backend == "shmring":
+            proc = run_fake_nodes(args, env, 420)
+        else:
+            # gloo's run only supplies the reference values and does not
+            # load shmring. It has been seen to hang on a loaded 2-CPU
+            # machine, so a hang (its processes are printed) gets one more
+            # try; a failure gets none.
+            proc = run_fake_nodes(args, env, 240, fail_on_timeout=False)
+            if isinstance(proc, str):
+                print("the gloo reference run hung; trying it once more. " + proc)
+                proc = run_fake_nodes(args, env, 240)
         if proc.returncode == 77:
             pytest.skip("tools/fake-nodes cannot run here")
         assert proc.returncode == 0, proc.stdout[-20000:]
