@@ -174,14 +174,45 @@ SHMRING_INLINE V scale(V a, double r) {
   return {vmulq_f64(a.v0, rv), vmulq_f64(a.v1, rv), vmulq_f64(a.v2, rv), vmulq_f64(a.v3, rv)};
 }
 
-// 4 float32 values (as bits) rounded to nearest even to bfloat16; any NaN
-// becomes the default quiet NaN.
-SHMRING_INLINE uint16x4_t bf16_of(uint32x4_t u) {
-  const uint32x4_t high = vshrq_n_u32(u, 16);
-  const uint32x4_t lsb = vandq_u32(high, vdupq_n_u32(1));
-  const uint32x4_t rounded = vshrq_n_u32(vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
+// 4 float32 values (as bits) rounded to nearest even to bfloat16, each in
+// its lane's high half (the low half is left over); any NaN becomes the
+// default quiet NaN.
+SHMRING_INLINE uint32x4_t bf16_high(uint32x4_t u) {
+  const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+  const uint32x4_t rounded = vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff)));
   const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
-  return vmovn_u32(vbslq_u32(nan, vdupq_n_u32(0x7fc0), rounded));
+  return vbslq_u32(nan, vdupq_n_u32(0x7fc00000), rounded);
+}
+
+SHMRING_INLINE uint16x4_t bf16_of(uint32x4_t u) {
+  return vshrn_n_u32(bf16_high(u), 16);
+}
+
+// 16 bfloat16 encodings as 8 32-bit lanes (elements 2k and 2k+1 in lane
+// k's low and high half), widened to float32 without a shuffle: the even
+// elements by a shift, the odd ones by a mask (kernels/wide_loops.inc,
+// pair_sum_float32).
+SHMRING_INLINE U load_pairs(const unsigned char* p) {
+  return {vreinterpretq_u32_u8(vld1q_u8(p)), vreinterpretq_u32_u8(vld1q_u8(p + 16))};
+}
+
+SHMRING_INLINE F even_f(U w) {
+  return {vreinterpretq_f32_u32(vshlq_n_u32(w.lo, 16)),
+          vreinterpretq_f32_u32(vshlq_n_u32(w.hi, 16))};
+}
+
+SHMRING_INLINE F odd_f(U w) {
+  const uint32x4_t mask = vdupq_n_u32(0xffff0000);
+  return {vreinterpretq_f32_u32(vandq_u32(w.lo, mask)),
+          vreinterpretq_f32_u32(vandq_u32(w.hi, mask))};
+}
+
+// The even and odd float32 values (as bits) rounded to bfloat16 and put
+// back in place (sri: the odd lane's high half over the even one shifted
+// down): 16 encodings.
+SHMRING_INLINE void store_pairs(unsigned char* p, U even, U odd) {
+  vst1q_u8(p, vreinterpretq_u8_u32(vsriq_n_u32(bf16_high(odd.lo), bf16_high(even.lo), 16)));
+  vst1q_u8(p + 16, vreinterpretq_u8_u32(vsriq_n_u32(bf16_high(odd.hi), bf16_high(even.hi), 16)));
 }
 
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.

@@ -185,19 +185,47 @@ inline __attribute__((always_inline)) __m256i round_to_odd(__m512d x) {
   return _mm256_mask_or_epi32(b, inexact, b, _mm256_set1_epi32(1));
 }
 
+// 16 float32 values (as bits) rounded to nearest even to bfloat16, each in
+// its lane's high half (the low half is left over); any NaN becomes the
+// default quiet NaN.
+inline __attribute__((always_inline)) __m512i bf16_high(__m512i u) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  return _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000));
+}
+
+// 32 bfloat16 encodings as 16 32-bit lanes (elements 2k and 2k+1 in lane
+// k's low and high half), widened to float32 without a shuffle: the even
+// elements by a shift, the odd ones by a mask (kernels/wide_loops.inc,
+// pair_sum_float32).
+inline __attribute__((always_inline)) __m512i load_pairs(const unsigned char* p) {
+  return _mm512_loadu_si512(p);
+}
+
+inline __attribute__((always_inline)) F even_f(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+inline __attribute__((always_inline)) F odd_f(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000))));
+}
+
+// The even and odd float32 values (as bits) rounded to bfloat16 and put
+// back in place: 32 encodings.
+inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i even,
+                                                       __m512i odd) {
+  _mm512_storeu_si512(p, _mm512_mask_blend_epi16(0xaaaaaaaa, _mm512_srli_epi32(bf16_high(even), 16),
+                                                 bf16_high(odd)));
+}
+
 // 16 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u) {
   __m256i h;
   if constexpr (Bf16) {
-    const __m512i high = _mm512_srli_epi32(u, 16);
-    const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
-    h = _mm512_cvtepi32_epi16(r);
+    h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_high(u), 16));
   } else {
     const __m512 f = _mm512_castsi512_ps(u);
     h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -351,19 +379,42 @@ inline __attribute__((always_inline)) __m128i round_to_odd(__m256d x) {
   return _mm_or_si128(b, _mm_and_si128(inexact, one));
 }
 
+// As avx512::bf16_high: 8 lanes.
+inline __attribute__((always_inline)) __m256i bf16_high(__m256i u) {
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  // Magnitudes are below 2^31: the signed compare is the unsigned one.
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc00000), nan);
+}
+
+// As avx512's: 16 bfloat16 encodings as 8 32-bit lanes.
+inline __attribute__((always_inline)) __m256i load_pairs(const unsigned char* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+inline __attribute__((always_inline)) F even_f(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+inline __attribute__((always_inline)) F odd_f(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000))));
+}
+
+inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m256i even,
+                                                       __m256i odd) {
+  const __m256i w =
+      _mm256_blend_epi16(_mm256_srli_epi32(bf16_high(even), 16), bf16_high(odd), 0xaa);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
+}
+
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u) {
   __m128i h;
   if constexpr (Bf16) {
-    const __m256i high = _mm256_srli_epi32(u, 16);
-    const __m256i lsb = _mm256_and_si256(high, _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-    // Magnitudes are below 2^31: the signed compare is the unsigned one.
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+    const __m256i r = _mm256_srli_epi32(bf16_high(u), 16);
     h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
   } else {
     const __m256 f = _mm256_castsi256_ps(u);

@@ -327,7 +327,9 @@ TEST_CASE("two 16-bit inputs: every table's sum and avg are the exact result rou
 
 TEST_CASE("every instruction set's 16-bit kernels give the portable loops' bits") {
   // Random 16-bit encodings (NaN, inf, zeros and subnormals among them),
-  // every kernel form, lengths around the vector widths, odd byte offsets.
+  // every kernel form, lengths around the vector widths (one and two
+  // vectors a step: the bfloat16 pair sums take 2 * kLanes, then kLanes,
+  // then the portable tail), odd byte offsets.
   const std::vector<const detail::WideKernels*> tables = wide_tables();
   const detail::WideKernels& ref = detail::wide_kernels_portable();
   std::uint64_t state = 0x9e3779b97f4a7c15ull;
@@ -356,7 +358,8 @@ TEST_CASE("every instruction set's 16-bit kernels give the portable loops' bits"
       const bool bf = t == DataType::bfloat16;
       for (std::size_t n :
            {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{15},
-            std::size_t{16}, std::size_t{17}, std::size_t{33}, std::size_t{64}, kMax}) {
+            std::size_t{16}, std::size_t{17}, std::size_t{24}, std::size_t{31}, std::size_t{33},
+            std::size_t{48}, std::size_t{49}, std::size_t{64}, kMax}) {
         std::vector<unsigned char> got(8 * n + 8), exp(8 * n + 8);
         for (int prod = 0; prod < 2; ++prod)
           for (int aw = 0; aw < 2; ++aw) {
