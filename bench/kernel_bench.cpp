@@ -210,7 +210,8 @@ double gbps(std::size_t bytes, double seconds, F&& f) {
 // a call reads and writes: a float64 partial is 8 bytes an element.
 void wide_table(double seconds) {
   const shmring::detail::WideKernels& portable = shmring::detail::wide_kernels_portable();
-  const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512();
+  const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512bf16();
+  if (!best) best = shmring::detail::wide_kernels_avx512();
   if (!best) best = shmring::detail::wide_kernels_avx2();
   if (!best) best = shmring::detail::wide_kernels_neon();
   if (!best) best = &portable;

@@ -274,6 +274,7 @@ int form_of(ReduceOp op, int divisor) {
 // The best table this CPU runs, chosen once.
 const WideKernels& active() {
   static const WideKernels& k = []() -> const WideKernels& {
+    if (const WideKernels* t = wide_kernels_avx512bf16()) return *t;
     if (const WideKernels* t = wide_kernels_avx512()) return *t;
     if (const WideKernels* t = wide_kernels_avx2()) return *t;
     if (const WideKernels* t = wide_kernels_neon()) return *t;
@@ -289,6 +290,9 @@ const WideKernels& active() {
 
 #if !defined(__x86_64__)
 const WideKernels* wide_kernels_avx512() {
+  return nullptr;
+}
+const WideKernels* wide_kernels_avx512bf16() {
   return nullptr;
 }
 const WideKernels* wide_kernels_avx2() {

@@ -71,8 +71,9 @@ void reduce_to_narrow(void* dst, const void* a, bool a_wide, const void* b, std:
 void reduce_many_to_narrow(void* dst, const void* const* srcs, int nsrc, std::size_t n,
                            DataType dtype, ReduceOp op, int divisor);
 
-/// Which instruction set the 16-bit kernels run with here: "avx512",
-/// "avx2" (with F16C), "neon" (AArch64; kernels/wide_neon.cpp), "sve" (the
+/// Which instruction set the 16-bit kernels run with here: "avx512bf16"
+/// (AVX-512 with AVX-512 BF16's rounding in the bfloat16 pair sums),
+/// "avx512", "avx2" (with F16C), "neon" (AArch64; kernels/wide_neon.cpp), "sve" (the
 /// plain loops of kernels/wide.cpp compiled for SVE; not picked while the
 /// NEON table is there) or "portable" (those loops for the baseline).
 const char* wide_kernel_isa();

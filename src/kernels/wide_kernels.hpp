@@ -34,6 +34,9 @@ struct WideKernels {
 /// The x86 tables (kernels/wide_x86.cpp); nullptr where the CPU lacks the
 /// instructions, and on other architectures.
 const WideKernels* wide_kernels_avx512();
+/// The AVX-512 table with AVX-512 BF16's rounding in the bfloat16 pair
+/// sums (where the CPU also has AVX-512 BF16).
+const WideKernels* wide_kernels_avx512bf16();
 const WideKernels* wide_kernels_avx2();
 /// The AArch64 NEON table (kernels/wide_neon.cpp; every AArch64 CPU has
 /// NEON); nullptr on other architectures.

@@ -46,6 +46,7 @@
 // vectors, which -Wmaybe-uninitialized reports at every inlined use.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -243,6 +244,83 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 
 #include "kernels/wide_loops.inc"
 }  // namespace avx512
+}  // namespace
+
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------------------
+// AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4): the AVX-512 table
+// with the bfloat16 pair sums rounded by vcvtne2ps2bf16, one instruction
+// for 32 results. It rounds to nearest even as store_pairs does, but reads
+// a float32 subnormal as zero and keeps a NaN's payload, so a vector with
+// either (fpclass) rounds the integer way: the same bits either way.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c")
+
+namespace {
+namespace avx512bf16 {
+
+// Where the output's element 2k and 2k+1 come from in vcvtne2ps2bf16's
+// result (the even sums' 16 encodings, then the odd sums').
+// clang-format off
+alignas(64) constexpr std::uint16_t kInterleave[32] = {
+    0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+// clang-format on
+
+inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i even, __m512i odd,
+                                                       __m512i interleave) {
+  const __m512 e = _mm512_castsi512_ps(even), o = _mm512_castsi512_ps(odd);
+  constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;  // QNaN, denormal, SNaN
+  if (__builtin_expect((_mm512_fpclass_ps_mask(e, kNanOrSubnormal) |
+                        _mm512_fpclass_ps_mask(o, kNanOrSubnormal)) != 0,
+                       0)) {
+    avx512::store_pairs(p, even, odd);
+    return;
+  }
+  const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
+  _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave, r));
+}
+
+// to_narrow's bfloat16 sum and avg of two 16-bit inputs (kTable's
+// to_narrow[1][0][0] and [1][2][0]): avx512::pair_sum_float32's loop with
+// this rounding, the rest as the AVX-512 table does it.
+template <bool Divide>
+void pair_sum(void* dst, const void* a, const void* b, std::size_t n, double q) {
+  if (Divide && q != 2.0) {
+    avx512::to_narrow<true, Add, false, Divide>(dst, a, b, n, q);
+    return;
+  }
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* x = static_cast<const unsigned char*>(a);
+  auto* y = static_cast<const unsigned char*>(b);
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i va = avx512::load_pairs(x + 2 * i), vb = avx512::load_pairs(y + 2 * i);
+    __m512 a_even = avx512::even_f(va), a_odd = avx512::odd_f(va);
+    __m512 b_even = avx512::even_f(vb), b_odd = avx512::odd_f(vb);
+    if constexpr (Divide) {
+      a_even = avx512::halve_f(a_even);
+      a_odd = avx512::halve_f(a_odd);
+      b_even = avx512::halve_f(b_even);
+      b_odd = avx512::halve_f(b_odd);
+    }
+    store_pairs(d + 2 * i, avx512::bits_f(avx512::add_f(a_even, b_even)),
+                avx512::bits_f(avx512::add_f(a_odd, b_odd)), interleave);
+  }
+  if (i < n) avx512::to_narrow<true, Add, false, Divide>(d + 2 * i, x + 2 * i, y + 2 * i, n - i, q);
+}
+
+WideKernels make_table() {
+  WideKernels t = avx512::kTable;
+  t.to_narrow[1][0][0] = pair_sum<false>;
+  t.to_narrow[1][2][0] = pair_sum<true>;
+  t.isa = "avx512bf16";
+  return t;
+}
+
+}  // namespace avx512bf16
 }  // namespace
 
 #pragma GCC pop_options
@@ -446,6 +524,12 @@ const WideKernels* wide_kernels_avx512() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   return ok ? &avx512::kTable : nullptr;
+}
+
+const WideKernels* wide_kernels_avx512bf16() {
+  if (!wide_kernels_avx512() || !__builtin_cpu_supports("avx512bf16")) return nullptr;
+  static const WideKernels table = avx512bf16::make_table();
+  return &table;
 }
 
 const WideKernels* wide_kernels_avx2() {

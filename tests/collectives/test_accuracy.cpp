@@ -184,8 +184,9 @@ TEST_CASE("wide kernels: every 16-bit input widens exactly, unaligned, odd lengt
 // (kernels/wide_kernels.hpp).
 std::vector<const detail::WideKernels*> wide_tables() {
   std::vector<const detail::WideKernels*> v{&detail::wide_kernels_portable()};
-  for (const detail::WideKernels* t : {detail::wide_kernels_avx2(), detail::wide_kernels_avx512(),
-                                       detail::wide_kernels_neon(), detail::wide_kernels_sve()})
+  for (const detail::WideKernels* t :
+       {detail::wide_kernels_avx2(), detail::wide_kernels_avx512(),
+        detail::wide_kernels_avx512bf16(), detail::wide_kernels_neon(), detail::wide_kernels_sve()})
     if (t) v.push_back(t);
   return v;
 }
