@@ -284,7 +284,11 @@ inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i
 
 // to_narrow's bfloat16 sum and avg of two 16-bit inputs (kTable's
 // to_narrow[1][0][0] and [1][2][0]): avx512::pair_sum_float32's loop with
-// this rounding, the rest as the AVX-512 table does it.
+// this rounding, the rest as the AVX-512 table does it. The loop is written
+// again here rather than shared with a store callback: a template defined
+// under the AVX-512 pragma is compiled without AVX-512 BF16, so it could
+// not inline this store_pairs, and a call per 32 elements would cost more
+// than the instruction saves.
 template <bool Divide>
 void pair_sum(void* dst, const void* a, const void* b, std::size_t n, double q) {
   if (Divide && q != 2.0) {
