@@ -104,9 +104,9 @@ SHMRING_INLINE F add_f(F a, F b) {
   return {vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)};
 }
 
-SHMRING_INLINE F halve_f(F a) {
-  const float32x4_t half = vdupq_n_f32(0.5f);
-  return {vmulq_f32(a.lo, half), vmulq_f32(a.hi, half)};
+SHMRING_INLINE F scale_f(F a, float r) {
+  const float32x4_t rv = vdupq_n_f32(r);
+  return {vmulq_f32(a.lo, rv), vmulq_f32(a.hi, rv)};
 }
 
 SHMRING_INLINE U bits_f(F f) {

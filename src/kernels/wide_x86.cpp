@@ -112,8 +112,10 @@ inline __attribute__((always_inline)) F add_f(F a, F b) {
   return _mm512_add_ps(a, b);
 }
 
-inline __attribute__((always_inline)) F halve_f(F a) {
-  return _mm512_mul_ps(a, _mm512_set1_ps(0.5f));
+// a * r in float32 (r a power of two in every use: exact unless the
+// product leaves float32's range).
+inline __attribute__((always_inline)) F scale_f(F a, float r) {
+  return _mm512_mul_ps(a, _mm512_set1_ps(r));
 }
 
 inline __attribute__((always_inline)) __m512i bits_f(F f) {
@@ -305,10 +307,10 @@ void pair_sum(void* dst, const void* a, const void* b, std::size_t n, double q) 
     __m512 a_even = avx512::even_f(va), a_odd = avx512::odd_f(va);
     __m512 b_even = avx512::even_f(vb), b_odd = avx512::odd_f(vb);
     if constexpr (Divide) {
-      a_even = avx512::halve_f(a_even);
-      a_odd = avx512::halve_f(a_odd);
-      b_even = avx512::halve_f(b_even);
-      b_odd = avx512::halve_f(b_odd);
+      a_even = avx512::scale_f(a_even, 0.5f);
+      a_odd = avx512::scale_f(a_odd, 0.5f);
+      b_even = avx512::scale_f(b_even, 0.5f);
+      b_odd = avx512::scale_f(b_odd, 0.5f);
     }
     store_pairs(d + 2 * i, avx512::bits_f(avx512::add_f(a_even, b_even)),
                 avx512::bits_f(avx512::add_f(a_odd, b_odd)), interleave);
@@ -380,8 +382,8 @@ inline __attribute__((always_inline)) F add_f(F a, F b) {
   return _mm256_add_ps(a, b);
 }
 
-inline __attribute__((always_inline)) F halve_f(F a) {
-  return _mm256_mul_ps(a, _mm256_set1_ps(0.5f));
+inline __attribute__((always_inline)) F scale_f(F a, float r) {
+  return _mm256_mul_ps(a, _mm256_set1_ps(r));
 }
 
 inline __attribute__((always_inline)) __m256i bits_f(F f) {

@@ -687,6 +687,64 @@ TEST_CASE("the many-input float32 path over runs: mixed vectors, tails, odd offs
 #endif
 }
 
+// avg in the many-input kernels: an exact float32 sum times 2^-k is exact,
+// so avg by 2, 4, 8, ... rounds once from float32; by any other divisor
+// the float32 product (or quotient) would be a second rounding. Each
+// witness's exact mean is a 16-bit midpoint or lies just off one, so a
+// second rounding moves it to the other neighbour: 2807/32768 / 7 =
+// 401/32768 rounds (ties to even) to 25/2048 in bfloat16, while the
+// float32 product with 1/7 rounds up to 201/16384. Every table, in every
+// lane and the tail, against the value worked out by hand.
+TEST_CASE("many-input avg: rounded once, by divisors that are powers of two and not") {
+  struct Witness {
+    DataType t;
+    int q;                       // the divisor, and the number of sources
+    std::vector<double> inputs;  // the rest of the q sources are zeros
+    double mean;                 // the exact mean rounded to nearest even
+  };
+  const std::vector<Witness> witnesses = {
+      // 2807/32768 / 7 = 401/32768, a tie between 400 and 402 (x 2^-15).
+      {DataType::bfloat16, 7, {171.0 / 2048, 247.0 / 32768, -11.0 / 2048}, 25.0 / 2048},
+      // 19215/65536 / 7 = 2745/65536, a tie between 1372 and 1373 (x 2^-15).
+      {DataType::float16, 7, {-709.0 / 4096, 469.0 / 1024, 543.0 / 65536}, 343.0 / 8192},
+      // (4 + 2^-6) / 4 = 1 + 2^-8: a tie, to 1 (even).
+      {DataType::bfloat16, 4, {2, 2, 1.0 / 64}, 1.0},
+      // (4 + 3 * 2^-6) / 4 = 1 + 3 * 2^-8: a tie, up to 1 + 2^-6 (even).
+      {DataType::bfloat16, 4, {2, 2, 3.0 / 64}, 1.0 + 1.0 / 64},
+      // (8 + 2^-8) / 8 = 1 + 2^-11: a float16 tie, to 1.
+      {DataType::float16, 8, {4, 4, 1.0 / 256}, 1.0},
+      // A bfloat16 mean in the subnormals: (3 * 2^-126) / 8 = 3 * 2^-129,
+      // 48 x 2^-133 exactly.
+      {DataType::bfloat16,
+       8,
+       {std::ldexp(1.0, -126), std::ldexp(1.0, -125)},
+       std::ldexp(3.0, -129)},
+  };
+  for (const Witness& w : witnesses) {
+    const bool bf = w.t == DataType::bfloat16;
+    double sum = 0;
+    for (double x : w.inputs) {
+      REQUIRE(decode16(w.t, encode16(w.t, x)) == x);  // each input is a 16-bit value
+      sum += x;                                       // exact here: few bits
+    }
+    REQUIRE(decode16(w.t, encode16(w.t, sum / w.q)) == w.mean);
+    for (const detail::WideKernels* k : wide_tables()) {
+      const std::size_t n = 2 * k->lanes + 3;
+      std::vector<std::vector<std::uint16_t>> src(w.q, std::vector<std::uint16_t>(n, 0));
+      for (std::size_t e = 0; e < n; ++e)  // the inputs rotate through the sources
+        for (std::size_t i = 0; i < w.inputs.size(); ++i)
+          src[(i + e) % static_cast<std::size_t>(w.q)][e] = encode16(w.t, w.inputs[i]);
+      std::vector<const void*> ptrs;
+      for (const auto& s : src) ptrs.push_back(s.data());
+      std::vector<std::uint16_t> got(n);
+      k->many[bf][2](got.data(), ptrs.data(), w.q, n, static_cast<double>(w.q));
+      for (std::size_t e = 0; e < n; ++e)
+        REQUIRE_MESSAGE(decode16(w.t, got[e]) == w.mean, k->isa, " ", name(w.t), " avg by ", w.q,
+                        " element ", e, ": ", decode16(w.t, got[e]), ", want ", w.mean);
+    }
+  }
+}
+
 // ---- Inputs: a pure function of (seed, rank, index), so any rank knows all. ----
 
 std::uint64_t mix(std::uint64_t x) {
