@@ -215,6 +215,25 @@ SHMRING_INLINE void store_pairs(unsigned char* p, U even, U odd) {
   vst1q_u8(p + 16, vreinterpretq_u8_u32(vsriq_n_u32(bf16_high(odd.hi), bf16_high(even.hi), 16)));
 }
 
+// Span over 16 encodings loaded as pairs (load_pairs): one Span per half.
+struct PairSpan {
+  Span lo, hi;
+};
+
+SHMRING_INLINE PairSpan pair_span_start() {
+  return {span_start(), span_start()};
+}
+
+SHMRING_INLINE void pair_span_add(PairSpan& s, U w) {
+  span_add(s.lo, vreinterpretq_u16_u32(w.lo));
+  span_add(s.hi, vreinterpretq_u16_u32(w.hi));
+}
+
+template <int M>
+SHMRING_INLINE bool pair_span_fits(const PairSpan& s, int window, int ceiling) {
+  return span_fits<M>(s.lo, window, ceiling) && span_fits<M>(s.hi, window, ceiling);
+}
+
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 SHMRING_INLINE void store16f(unsigned char* p, U u) {

@@ -223,6 +223,34 @@ inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i
                                                  bf16_high(odd)));
 }
 
+// Span over 32 encodings loaded as pairs (load_pairs): the same per-lane
+// top and low as Span, on 32 16-bit lanes.
+struct PairSpan {
+  __m512i top, low;
+};
+
+inline __attribute__((always_inline)) PairSpan pair_span_start() {
+  return {_mm512_setzero_si512(), _mm512_set1_epi16(-1)};
+}
+
+inline __attribute__((always_inline)) void pair_span_add(PairSpan& s, __m512i w) {
+  const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7fff));
+  s.top = _mm512_max_epu16(s.top, mag);
+  s.low = _mm512_min_epu16(s.low, _mm512_sub_epi16(mag, _mm512_set1_epi16(1)));
+}
+
+template <int M>
+inline __attribute__((always_inline)) bool pair_span_fits(const PairSpan& s, int window,
+                                                          int ceiling) {
+  const __m512i top = _mm512_srli_epi16(s.top, M);
+  const __m512i low = _mm512_max_epi16(
+      _mm512_srli_epi16(_mm512_add_epi16(s.low, _mm512_set1_epi16(1)), M), _mm512_set1_epi16(1));
+  const __mmask32 bad =
+      _mm512_cmpgt_epi16_mask(_mm512_sub_epi16(top, low), _mm512_set1_epi16(window)) |
+      _mm512_cmpgt_epi16_mask(top, _mm512_set1_epi16(ceiling));
+  return bad == 0;
+}
+
 // 16 float32 values (as bits) rounded to nearest even to 16 bits.
 template <bool Bf16>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u) {
@@ -491,6 +519,33 @@ inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m256i
   const __m256i w =
       _mm256_blend_epi16(_mm256_srli_epi32(bf16_high(even), 16), bf16_high(odd), 0xaa);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), w);
+}
+
+// As avx512::PairSpan: 16 encodings.
+struct PairSpan {
+  __m256i top, low;
+};
+
+inline __attribute__((always_inline)) PairSpan pair_span_start() {
+  return {_mm256_setzero_si256(), _mm256_set1_epi16(-1)};
+}
+
+inline __attribute__((always_inline)) void pair_span_add(PairSpan& s, __m256i w) {
+  const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7fff));
+  s.top = _mm256_max_epu16(s.top, mag);
+  s.low = _mm256_min_epu16(s.low, _mm256_sub_epi16(mag, _mm256_set1_epi16(1)));
+}
+
+template <int M>
+inline __attribute__((always_inline)) bool pair_span_fits(const PairSpan& s, int window,
+                                                          int ceiling) {
+  const __m256i top = _mm256_srli_epi16(s.top, M);
+  const __m256i low = _mm256_max_epi16(
+      _mm256_srli_epi16(_mm256_add_epi16(s.low, _mm256_set1_epi16(1)), M), _mm256_set1_epi16(1));
+  const __m256i bad =
+      _mm256_or_si256(_mm256_cmpgt_epi16(_mm256_sub_epi16(top, low), _mm256_set1_epi16(window)),
+                      _mm256_cmpgt_epi16(top, _mm256_set1_epi16(ceiling)));
+  return _mm256_testz_si256(bad, bad);
 }
 
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.

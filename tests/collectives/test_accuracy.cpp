@@ -557,14 +557,24 @@ TEST_CASE("the many-input float32 path: window edge, one binade beyond, zeros, s
           }
           if (cs.inexact_witness)
             CHECK_MESSAGE(inexact, where, ": some lane's float32 sum should round");
-          std::vector<std::uint16_t> got(lanes), want(lanes);
-          for (int form : {0, 2}) {
-            const double q = form == 2 ? static_cast<double>(nsrc) : 1.0;
-            k->many[bf][form](got.data(), ptrs.data(), nsrc, lanes, q);
-            ref.many[bf][form](want.data(), ptrs.data(), nsrc, lanes, q);
-            for (std::size_t j = 0; j < lanes; ++j)
-              REQUIRE_MESSAGE(got[j] == want[j], where, form == 2 ? " avg" : " sum", " lane ", j,
-                              ": 0x", std::hex, got[j], " want 0x", want[j]);
+          // The sums: one vector, and two (the bfloat16 kernels take two
+          // vectors at a time as pairs, with one check for both).
+          for (std::size_t len : {lanes, 2 * lanes}) {
+            std::vector<std::vector<std::uint16_t>> wide(nsrc, std::vector<std::uint16_t>(len));
+            std::vector<const void*> wptrs;
+            for (int q = 0; q < nsrc; ++q) {
+              for (std::size_t e = 0; e < len; ++e) wide[q][e] = src[q][e % lanes];
+              wptrs.push_back(wide[q].data());
+            }
+            std::vector<std::uint16_t> got(len), want(len);
+            for (int form : {0, 2}) {
+              const double q = form == 2 ? static_cast<double>(nsrc) : 1.0;
+              k->many[bf][form](got.data(), wptrs.data(), nsrc, len, q);
+              ref.many[bf][form](want.data(), wptrs.data(), nsrc, len, q);
+              for (std::size_t j = 0; j < len; ++j)
+                REQUIRE_MESSAGE(got[j] == want[j], where, form == 2 ? " avg" : " sum", " of ", len,
+                                " element ", j, ": 0x", std::hex, got[j], " want 0x", want[j]);
+            }
           }
         }
       }
@@ -604,20 +614,25 @@ TEST_CASE("the many-input float32 path over runs: mixed vectors, tails, odd offs
         auto enc = [&](int sign, int field, int mant) {
           return static_cast<std::uint16_t>((sign ? 0x8000 : 0) | (field << mbits) | mant);
         };
-        // Vector kinds in order: 0 at the window's edge, 1 far beyond it.
+        // Vector kinds in order: 0 at the window's edge, 1 far beyond it,
+        // 2 and 3 beyond only in the odd or the even elements (the
+        // bfloat16 kernels load elements in pairs, even and odd apart).
         // Single failures, a pair (the second inside the retry stretch of
         // the first), failures just after a retry stretch ends, and long
         // edge runs between.
-        const std::vector<int> kinds = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
-                                        0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        const std::vector<int> kinds = {0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3};
         for (std::size_t tail : {std::size_t{0}, std::size_t{1}, lanes - 1}) {
           const std::size_t n = kinds.size() * lanes + tail;
           // [source][element], one byte in: every pointer at an odd address.
           std::vector<std::vector<unsigned char>> src(nsrc, std::vector<unsigned char>(2 * n + 1));
           for (std::size_t e = 0; e < n; ++e) {
             // The tail's elements are witnesses too.
-            const bool beyond = e / lanes >= kinds.size() || kinds[e / lanes] == 1;
+            const int kind = e / lanes < kinds.size() ? kinds[e / lanes] : 1;
+            const bool beyond = kind == 1 || (kind == 2 && e % 2 == 1) || (kind == 3 && e % 2 == 0);
             const int sign = static_cast<int>((e >> 1) & 1);
             const int rot = static_cast<int>(e % static_cast<std::size_t>(nsrc));
             std::vector<std::uint16_t> v(nsrc, 0);  // zeros: no part of the span
