@@ -112,8 +112,8 @@ inline __attribute__((always_inline)) F add_f(F a, F b) {
   return _mm512_add_ps(a, b);
 }
 
-// a * r in float32 (r a power of two in every use: exact unless the
-// product leaves float32's range).
+// a * r in float32. r is a power of two in every use, and
+// kernels/wide_loops.inc says at each use why the product is exact.
 inline __attribute__((always_inline)) F scale_f(F a, float r) {
   return _mm512_mul_ps(a, _mm512_set1_ps(r));
 }
