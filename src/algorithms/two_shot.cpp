@@ -20,12 +20,14 @@
 //      piece j over every rank's half in rank order 0..N-1 into the output
 //      (reduce_in_rank_order: float16 and bfloat16 combine all N inputs in
 //      registers and round once, so only 16-bit bytes move and no float64
-//      partial ever leaves a rank), copy the result over part r of our own
-//      half (only rank r reads part r of any half in step 2, so nobody reads
-//      what it overwrites) and publish posted = base + 2j + 2.
+//      partial ever leaves a rank), copying each block of the result over
+//      part r of our own half as it is made (only rank r reads part r of any
+//      half in step 2, so nobody reads what it overwrites), and publish
+//      posted = base + 2j + 2.
 //   3. gather: fill round j+1 first (step 1), then for every other rank q
 //      wait until q posted base + 2j + 2 and copy part q of its half into
-//      the output; publish taken = base + 2j + 2.
+//      the output (with a thread arena: all parts as one job once every
+//      rank posted); publish taken = base + 2j + 2.
 // At the end a rank waits until every rank has taken its last round: the
 // ring and the staged collectives rewrite the slots without looking at
 // `taken` (as Rounds::finish in staged.cpp).
@@ -42,6 +44,7 @@
 // so base + 2R is where the next staged collective starts.
 
 #include <algorithm>
+#include <vector>
 
 #include "algorithms/algorithms.hpp"
 #include "core/chunking.hpp"
@@ -99,6 +102,8 @@ void allreduce_two_shot_rounds(CommState& c, const void* send, void* recv, std::
     c.publish(c.my_area().posted, base + 2 * j + 1);
   };
 
+  std::vector<CommState::CopyPart> parts;
+  if (c.arena != nullptr) parts.reserve(static_cast<std::size_t>(n));
   if (rounds > 0) fill(0);
   for (std::uint64_t j = 0; j < rounds; ++j) {
     const Piece p = piece_of(count, piece_elems, j);
@@ -107,21 +112,38 @@ void allreduce_two_shot_rounds(CommState& c, const void* send, void* recv, std::
       const int q = (me + t) % n;
       c.wait_counter(c.area(q).posted, base + 2 * j + 1, q, "a rank's piece");
     }
-    std::byte* my_out = out + (p.begin + mine.begin) * es;
-    if (mine.count > 0) {
+    // The reduced part goes to the output and, block by block while in
+    // cache, over part r of our own half, which only we read.
+    if (mine.count > 0)
       reduce_in_rank_order(
-          c, my_out, [&](int q) { return half(q, j) + mine.begin * es; }, n, mine.count, dtype, op);
-      c.copy(half(me, j) + mine.begin * es, my_out, mine.count * es);
-    }
+          c, out + (p.begin + mine.begin) * es, [&](int q) { return half(q, j) + mine.begin * es; },
+          n, mine.count, dtype, op, half(me, j) + mine.begin * es);
     c.publish(c.my_area().posted, base + 2 * j + 2);
     if (j + 1 < rounds) fill(j + 1);
-    for (int t = 1; t < n; ++t) {
-      const int q = (me + t) % n;  // start at different peers: spread the reads
+    auto their_part = [&](int q) {
       const detail::Range theirs = detail::chunk_range(p.count, n, q);
-      c.wait_counter(c.area(q).posted, base + 2 * j + 2, q, "a reduced part");
-      if (theirs.count > 0)
-        c.copy(out + (p.begin + theirs.begin) * es, half(q, j) + theirs.begin * es,
-               theirs.count * es);
+      return CommState::CopyPart{out + (p.begin + theirs.begin) * es,
+                                 half(q, j) + theirs.begin * es, theirs.count * es};
+    };
+    if (c.arena == nullptr) {
+      // One thread: copy each part as soon as its rank posts it.
+      for (int t = 1; t < n; ++t) {
+        const int q = (me + t) % n;  // start at different peers: spread the reads
+        c.wait_counter(c.area(q).posted, base + 2 * j + 2, q, "a reduced part");
+        const CommState::CopyPart part = their_part(q);
+        c.copy(part.dst, part.src, part.bytes);
+      }
+    } else {
+      // A part (a quarter of a 512 KiB piece at N=4) is too small to split
+      // on its own: wait for all of them and copy them as one job over the
+      // rank's threads.
+      parts.clear();
+      for (int t = 1; t < n; ++t) {
+        const int q = (me + t) % n;
+        c.wait_counter(c.area(q).posted, base + 2 * j + 2, q, "a reduced part");
+        parts.push_back(their_part(q));
+      }
+      c.copy_parts(parts);
     }
     c.publish(c.my_area().taken, base + 2 * j + 2);
   }

@@ -1,5 +1,6 @@
 // A rank's kernels split over its oneTBB arena (core/parallel.hpp).
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/parallel.hpp"
@@ -24,6 +25,24 @@ void CommState::copy(void* dst, const void* src, std::size_t bytes) {
   const auto* s = static_cast<const std::byte*>(src);
   detail::for_grains(arena.get(), bytes, 1,
                      [&](std::size_t i, std::size_t n) { std::memcpy(d + i, s + i, n); });
+}
+
+void CommState::copy_parts(std::span<const CopyPart> parts) {
+  std::size_t total = 0;
+  for (const CopyPart& p : parts) total += p.bytes;
+  detail::for_grains(arena.get(), total, 1, [&](std::size_t i, std::size_t n) {
+    // Skip to the part holding byte i of the concatenation, then copy n
+    // bytes across as many parts as they span.
+    std::size_t k = 0;
+    for (; i >= parts[k].bytes; ++k) i -= parts[k].bytes;
+    while (n > 0) {
+      const std::size_t take = std::min(n, parts[k].bytes - i);
+      std::memcpy(parts[k].dst + i, parts[k].src + i, take);
+      n -= take;
+      i = 0;
+      ++k;
+    }
+  });
 }
 
 void CommState::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {

@@ -15,6 +15,7 @@
 // At N = 2 no partial is ever sent, so slices keep their 16-bit size.
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 
 #include "core/state.hpp"
@@ -85,7 +86,7 @@ void reduce_block_in_rank_order(std::byte* o, Src&& src, int nsrc, std::size_t k
 /// rank's thread arena when m is large).
 void reduce_in_rank_order_blocks(CommState& c, std::byte* out,
                                  const std::function<const std::byte*(int)>& src, int nsrc,
-                                 std::size_t m, DataType dtype, ReduceOp op);
+                                 std::size_t m, DataType dtype, ReduceOp op, std::byte* copy);
 
 /// Up to this many elements reduce_in_rank_order runs inline on the calling
 /// thread, with the accumulator on the stack (2 KiB). An 8-byte allreduce
@@ -99,15 +100,23 @@ inline constexpr std::size_t kInlineReduceElems = 256;
 /// the rank's thread arena for large m. The direct path reduces the byte
 /// range of every rank's buffer with it (src(q) = rank q's buffer + offset).
 /// `src`: a callable int -> const std::byte*.
+///
+/// `copy`, when not null, receives a copy of the result (m elements), each
+/// block written right after it is reduced, while it is still in cache. It
+/// must not overlap `out`; it may be one of the sources exactly (copy ==
+/// src(q) for one q), since a block of a source is read before the same
+/// block of `copy` is written (the two-shot path publishes its reduced part
+/// over its own input that way).
 template <class Src>
 void reduce_in_rank_order(CommState& c, std::byte* out, Src&& src, int nsrc, std::size_t m,
-                          DataType dtype, ReduceOp op) {
+                          DataType dtype, ReduceOp op, std::byte* copy = nullptr) {
   if (m <= kInlineReduceElems) {
     alignas(64) detail::Wide acc[kInlineReduceElems];
     reduce_block_in_rank_order(out, src, nsrc, m, dtype, op, acc);
+    if (copy != nullptr) std::memcpy(copy, out, m * datatype_size(dtype));
     return;
   }
-  reduce_in_rank_order_blocks(c, out, src, nsrc, m, dtype, op);
+  reduce_in_rank_order_blocks(c, out, src, nsrc, m, dtype, op, copy);
 }
 
 }  // namespace shmring::algo

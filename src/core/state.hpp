@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "base/clock.hpp"
@@ -297,6 +298,16 @@ struct CommState {
   void reduce(void* dst, const void* a, const void* b, std::size_t n, DataType dt, ReduceOp op,
               int divisor = 1);
   void copy(void* dst, const void* src, std::size_t bytes);
+  /// One copy of several disjoint pieces: a piece is (dst, src, bytes).
+  struct CopyPart {
+    std::byte* dst;
+    const std::byte* src;
+    std::size_t bytes;
+  };
+  /// copy() of every part as one job: the arena splits their total, so
+  /// parts each too small to split (the two-shot gather's N-1 parts) still
+  /// share the rank's threads.
+  void copy_parts(std::span<const CopyPart> parts);
   /// copy() into a slot that the right neighbour reads next: streaming
   /// stores when config.nt_stores (see kernels/copy.hpp), fenced.
   void copy_to_slot(std::byte* slot, const void* src, std::size_t bytes);

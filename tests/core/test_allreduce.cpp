@@ -448,6 +448,22 @@ TEST_CASE("allreduce on the two-shot path is exact for every datatype and operat
   unsetenv("SHMRING_ALGO");
 }
 
+TEST_CASE("allreduce in two-shot rounds with 2 threads per rank is exact, every datatype and op") {
+#if defined(__SANITIZE_THREAD__)
+  MESSAGE("skipped under ThreadSanitizer (libtbb is not instrumented; see above)");
+  return;
+#endif
+  // Default slots: rounds of 512 KiB. 2^18 + 5 elements of 4 bytes take two
+  // rounds; at N=3 a part of 43690 float32 elements (5 x 4 bytes touched
+  // each) splits into grains, and the two peers' parts are gathered as one
+  // job of 341 KiB split over both threads (two_shot.cpp, parallel.cpp).
+  setenv("SHMRING_ALGO", "two_shot", 1);
+  Options o;
+  o.threads = 2;
+  run_matrix(3, {(1u << 18) + 5}, o);
+  unsetenv("SHMRING_ALGO");
+}
+
 TEST_CASE("allreduce in two-shot rounds is exact past the direct buffer, every datatype and op") {
   // 4 slots of 4 KiB: rounds of 8 KiB (two_shot.cpp), so these counts take
   // 2 to 40 rounds with a short last piece, parts of every size (some
