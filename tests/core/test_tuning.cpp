@@ -42,6 +42,13 @@ TEST_CASE("allreduce crossovers") {
   // Past the direct buffer: the ring, except 16-bit sums and crowded ranks at N > 2.
   CHECK(choose(K::allreduce, kDirect + 1, false, alone(4)) == Algorithm::ring);
   CHECK(choose(K::allreduce, kDirect + 1, true, alone(4)) == Algorithm::two_shot);
+  // 16-bit on CPUs of their own: two-shot from 8 KiB, not the ring's float64
+  // partials; one-shot below; N=2 keeps the ring (no partial travels).
+  CHECK(choose(K::allreduce, 4096, true, alone(4)) == Algorithm::direct);
+  CHECK(choose(K::allreduce, 4097, true, alone(4)) == Algorithm::two_shot);
+  CHECK(choose(K::allreduce, kDirect, true, alone(3)) == Algorithm::two_shot);
+  CHECK(choose(K::allreduce, 4097, false, alone(4)) == Algorithm::ring);
+  CHECK(choose(K::allreduce, 4097, true, alone(2)) == Algorithm::ring);
   CHECK(choose(K::allreduce, kDirect + 1, true, alone(2)) == Algorithm::ring);
   CHECK(choose(K::allreduce, 64 << 20, false, crowded(4)) == Algorithm::two_shot);
 }
