@@ -131,15 +131,19 @@ SHMRING_INLINE void span_add(Span& s, H h) {
 
 // Whether every lane has top_exp - low_exp <= window and top_exp <= ceiling
 // (exponent fields; a subnormal's 0 counts as 1; M: the mantissa bits).
+// span_bad: the lanes whose span fails; span_fits: whether none does.
 template <int M>
-SHMRING_INLINE bool span_fits(const Span& s, int window, int ceiling) {
+SHMRING_INLINE uint16x8_t span_bad(const Span& s, int window, int ceiling) {
   const int16x8_t top = vreinterpretq_s16_u16(vshrq_n_u16(s.top, M));
   const int16x8_t low = vmaxq_s16(
       vreinterpretq_s16_u16(vshrq_n_u16(vaddq_u16(s.low, vdupq_n_u16(1)), M)), vdupq_n_s16(1));
-  const uint16x8_t bad =
-      vorrq_u16(vcgtq_s16(vsubq_s16(top, low), vdupq_n_s16(static_cast<std::int16_t>(window))),
-                vcgtq_s16(top, vdupq_n_s16(static_cast<std::int16_t>(ceiling))));
-  return vmaxvq_u16(bad) == 0;
+  return vorrq_u16(vcgtq_s16(vsubq_s16(top, low), vdupq_n_s16(static_cast<std::int16_t>(window))),
+                   vcgtq_s16(top, vdupq_n_s16(static_cast<std::int16_t>(ceiling))));
+}
+
+template <int M>
+SHMRING_INLINE bool span_fits(const Span& s, int window, int ceiling) {
+  return vmaxvq_u16(span_bad<M>(s, window, ceiling)) == 0;
 }
 
 SHMRING_INLINE V load_wide(const unsigned char* p) {
@@ -231,7 +235,9 @@ SHMRING_INLINE void pair_span_add(PairSpan& s, U w) {
 
 template <int M>
 SHMRING_INLINE bool pair_span_fits(const PairSpan& s, int window, int ceiling) {
-  return span_fits<M>(s.lo, window, ceiling) && span_fits<M>(s.hi, window, ceiling);
+  // One horizontal reduction for both halves.
+  return vmaxvq_u16(vorrq_u16(span_bad<M>(s.lo, window, ceiling),
+                              span_bad<M>(s.hi, window, ceiling))) == 0;
 }
 
 // 8 float32 values (as bits) rounded to nearest even to 16 bits.
