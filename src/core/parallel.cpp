@@ -30,12 +30,16 @@ void CommState::copy(void* dst, const void* src, std::size_t bytes) {
 void CommState::copy_parts(std::span<const CopyPart> parts) {
   std::size_t total = 0;
   for (const CopyPart& p : parts) total += p.bytes;
+  // Every part empty (a short last piece can leave the other ranks no
+  // elements): nothing to hand to the arena.
+  if (total == 0) return;
   detail::for_grains(arena.get(), total, 1, [&](std::size_t i, std::size_t n) {
-    // Skip to the part holding byte i of the concatenation, then copy n
-    // bytes across as many parts as they span.
+    // Skip to the part holding byte i of the concatenation (i < total, so
+    // one has more than i bytes), then copy n bytes across as many parts
+    // as they span.
     std::size_t k = 0;
-    for (; i >= parts[k].bytes; ++k) i -= parts[k].bytes;
-    while (n > 0) {
+    for (; k < parts.size() && i >= parts[k].bytes; ++k) i -= parts[k].bytes;
+    while (n > 0 && k < parts.size()) {
       const std::size_t take = std::min(n, parts[k].bytes - i);
       std::memcpy(parts[k].dst + i, parts[k].src + i, take);
       n -= take;
