@@ -1027,7 +1027,7 @@ TEST_CASE("random mixes with 2 reduction threads per rank (oneTBB grains), ring 
 TEST_CASE("random mixes with 2 reduction threads per rank, two-shot rounds, N=3") {
   // 400001 16-bit elements in rounds of 512 KiB (default slots): a part of
   // 87381 elements touches (3 + 2) x 2 bytes each, so its reduction and the
-  // copy over our own half split into grains; the two peers' parts (350
+  // copy over our own half split into grains; the two peers' parts (341
   // KiB) are gathered as one split job.
   setenv("SHMRING_THREADS", "2", 1);
   run(3, "two_shot", [](Communicator& comm) { check_random_mixes(comm, 400001, 450); });
