@@ -281,25 +281,33 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 // ---------------------------------------------------------------------------
 // AVX-512 BF16 (Cooper Lake, Sapphire Rapids, Zen 4): the AVX-512 table
 // with the bfloat16 pair sums rounded by vcvtne2ps2bf16, one instruction
-// for 32 results. It rounds to nearest even as store_pairs does, but reads
-// a float32 subnormal as zero and keeps a NaN's payload, so a vector with
-// either (fpclass) rounds the integer way: the same bits either way.
+// for 32 results, where the integer form takes 16. It rounds to nearest
+// even as avx512::store_pairs does, but reads a float32 subnormal as zero
+// and keeps a NaN's payload, so a vector with either (fpclass) rounds the
+// integer way: the same bits either way. store_pairs rounds the two-input
+// sums (pair_sum_float32) and the many-input sums that stay in float32
+// (many_to_narrow's pair loop: the direct and two-shot paths at N > 2).
+// The loops are compiled again here, under this target, rather than
+// shared with a store callback: a template defined under the AVX-512
+// pragma is compiled without AVX-512 BF16, so it could not inline this
+// store_pairs, and a call per 32 elements would cost more than the
+// instruction saves.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,f16c")
 
 namespace {
 namespace avx512bf16 {
 
-// Where the output's element 2k and 2k+1 come from in vcvtne2ps2bf16's
-// result (the even sums' 16 encodings, then the odd sums').
-// clang-format off
-alignas(64) constexpr std::uint16_t kInterleave[32] = {
-    0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-// clang-format on
+// Every primitive of the AVX-512 set but the two declared below, which
+// hide theirs.
+using namespace avx512;
 
-inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i even, __m512i odd,
-                                                       __m512i interleave) {
+constexpr const char* kIsa = "avx512bf16";
+
+// The even and odd float32 values (as bits) rounded to bfloat16 and put
+// back in place: 32 encodings.
+inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i even,
+                                                       __m512i odd) {
   const __m512 e = _mm512_castsi512_ps(even), o = _mm512_castsi512_ps(odd);
   constexpr int kNanOrSubnormal = 0x01 | 0x20 | 0x80;  // QNaN, denormal, SNaN
   if (__builtin_expect((_mm512_fpclass_ps_mask(e, kNanOrSubnormal) |
@@ -308,52 +316,16 @@ inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i
     avx512::store_pairs(p, even, odd);
     return;
   }
+  // vcvtne2ps2bf16 puts the even sums' 16 encodings first, then the odd
+  // ones'; output element 2k comes from k and 2k+1 from 16 + k.
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(o, e));
   _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave, r));
 }
 
-// to_narrow's bfloat16 sum and avg of two 16-bit inputs (kTable's
-// to_narrow[1][0][0] and [1][2][0]): avx512::pair_sum_float32's loop with
-// this rounding, the rest as the AVX-512 table does it. The loop is written
-// again here rather than shared with a store callback: a template defined
-// under the AVX-512 pragma is compiled without AVX-512 BF16, so it could
-// not inline this store_pairs, and a call per 32 elements would cost more
-// than the instruction saves.
-template <bool Divide>
-void pair_sum(void* dst, const void* a, const void* b, std::size_t n, double q) {
-  if (Divide && q != 2.0) {
-    avx512::to_narrow<true, Add, false, Divide>(dst, a, b, n, q);
-    return;
-  }
-  auto* d = static_cast<unsigned char*>(dst);
-  auto* x = static_cast<const unsigned char*>(a);
-  auto* y = static_cast<const unsigned char*>(b);
-  const __m512i interleave = _mm512_load_si512(kInterleave);
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512i va = avx512::load_pairs(x + 2 * i), vb = avx512::load_pairs(y + 2 * i);
-    __m512 a_even = avx512::even_f(va), a_odd = avx512::odd_f(va);
-    __m512 b_even = avx512::even_f(vb), b_odd = avx512::odd_f(vb);
-    if constexpr (Divide) {
-      a_even = avx512::scale_f(a_even, 0.5f);
-      a_odd = avx512::scale_f(a_odd, 0.5f);
-      b_even = avx512::scale_f(b_even, 0.5f);
-      b_odd = avx512::scale_f(b_odd, 0.5f);
-    }
-    store_pairs(d + 2 * i, avx512::bits_f(avx512::add_f(a_even, b_even)),
-                avx512::bits_f(avx512::add_f(a_odd, b_odd)), interleave);
-  }
-  if (i < n) avx512::to_narrow<true, Add, false, Divide>(d + 2 * i, x + 2 * i, y + 2 * i, n - i, q);
-}
-
-WideKernels make_table() {
-  WideKernels t = avx512::kTable;
-  t.to_narrow[1][0][0] = pair_sum<false>;
-  t.to_narrow[1][2][0] = pair_sum<true>;
-  t.isa = "avx512bf16";
-  return t;
-}
-
+#include "kernels/wide_loops.inc"
 }  // namespace avx512bf16
 }  // namespace
 
@@ -589,8 +561,7 @@ const WideKernels* wide_kernels_avx512() {
 
 const WideKernels* wide_kernels_avx512bf16() {
   if (!wide_kernels_avx512() || !__builtin_cpu_supports("avx512bf16")) return nullptr;
-  static const WideKernels table = avx512bf16::make_table();
-  return &table;
+  return &avx512bf16::kTable;
 }
 
 const WideKernels* wide_kernels_avx2() {
