@@ -211,6 +211,15 @@ SHMRING_INLINE F odd_f(U w) {
           vreinterpretq_f32_u32(vandq_u32(w.hi, mask))};
 }
 
+// The first and the second 8 of 16 encodings loaded by load_pairs.
+SHMRING_INLINE H lower_h(U w) {
+  return vreinterpretq_u16_u32(w.lo);
+}
+
+SHMRING_INLINE H upper_h(U w) {
+  return vreinterpretq_u16_u32(w.hi);
+}
+
 // The even and odd float32 values (as bits) rounded to bfloat16 and put
 // back in place (sri: the odd lane's high half over the even one shifted
 // down): 16 encodings.

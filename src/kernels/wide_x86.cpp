@@ -215,6 +215,15 @@ inline __attribute__((always_inline)) F odd_f(__m512i w) {
   return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(static_cast<int>(0xffff0000))));
 }
 
+// The first and the second 16 of 32 encodings loaded by load_pairs.
+inline __attribute__((always_inline)) H lower_h(__m512i w) {
+  return _mm512_castsi512_si256(w);
+}
+
+inline __attribute__((always_inline)) H upper_h(__m512i w) {
+  return _mm512_extracti64x4_epi64(w, 1);
+}
+
 // The even and odd float32 values (as bits) rounded to bfloat16 and put
 // back in place: 32 encodings.
 inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m512i even,
@@ -484,6 +493,15 @@ inline __attribute__((always_inline)) F even_f(__m256i w) {
 
 inline __attribute__((always_inline)) F odd_f(__m256i w) {
   return _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32(static_cast<int>(0xffff0000))));
+}
+
+// The first and the second 8 of 16 encodings loaded by load_pairs.
+inline __attribute__((always_inline)) H lower_h(__m256i w) {
+  return _mm256_castsi256_si128(w);
+}
+
+inline __attribute__((always_inline)) H upper_h(__m256i w) {
+  return _mm256_extracti128_si256(w, 1);
 }
 
 inline __attribute__((always_inline)) void store_pairs(unsigned char* p, __m256i even,
