@@ -295,7 +295,7 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 // and keeps a NaN's payload, so a vector with either (fpclass) rounds the
 // integer way: the same bits either way. store_pairs rounds the two-input
 // sums (pair_sum_float32) and the many-input sums that stay in float32
-// (many_to_narrow's pair loop: the direct and two-shot paths at N > 2).
+// (many_to_narrow's block loop: the direct and two-shot paths at N > 2).
 // The loops are compiled again here, under this target, rather than
 // shared with a store callback: a template defined under the AVX-512
 // pragma is compiled without AVX-512 BF16, so it could not inline this
@@ -307,8 +307,8 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 namespace {
 namespace avx512bf16 {
 
-// Every primitive of the AVX-512 set but the two declared below, which
-// hide theirs.
+// The AVX-512 set's primitives, but for kIsa and store_pairs below,
+// which hide theirs.
 using namespace avx512;
 
 constexpr const char* kIsa = "avx512bf16";
