@@ -8,6 +8,9 @@
 // array: 4 KiB (L1), 256 KiB (L2), 64 MiB (DRAM). GB/s counts the bytes a
 // call moves: two inputs read and one output written. Both versions must
 // give identical bits; a difference is reported and fails the run.
+// Then two tables of the library's own kernels: its 16-bit steps (portable
+// loops beside the vector table this CPU runs), and four inputs at equal
+// bytes, float32's pairwise passes beside the 16-bit one-pass kernels.
 //
 //   build/bench/kernel_bench [seconds-per-cell]
 
@@ -205,16 +208,22 @@ double gbps(std::size_t bytes, double seconds, F&& f) {
   }
 }
 
+// The best vector table of the 16-bit kernels this CPU runs (as the
+// library picks it), or the portable loops.
+const shmring::detail::WideKernels& best_wide_kernels() {
+  const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512bf16();
+  if (!best) best = shmring::detail::wide_kernels_avx512();
+  if (!best) best = shmring::detail::wide_kernels_avx2();
+  if (!best) best = shmring::detail::wide_kernels_neon();
+  return best ? *best : shmring::detail::wide_kernels_portable();
+}
+
 // The 16-bit steps of the collectives (kernels/wide.hpp), the portable
 // loops beside the table this CPU runs, on one core. GB/s counts the bytes
 // a call reads and writes: a float64 partial is 8 bytes an element.
 void wide_table(double seconds) {
   const shmring::detail::WideKernels& portable = shmring::detail::wide_kernels_portable();
-  const shmring::detail::WideKernels* best = shmring::detail::wide_kernels_avx512bf16();
-  if (!best) best = shmring::detail::wide_kernels_avx512();
-  if (!best) best = shmring::detail::wide_kernels_avx2();
-  if (!best) best = shmring::detail::wide_kernels_neon();
-  if (!best) best = &portable;
+  const shmring::detail::WideKernels* best = &best_wide_kernels();
   fmt::print("\n# 16-bit steps of the collectives: portable loops vs {} (GB/s, one core)\n",
              best->isa);
   fmt::print(
@@ -294,6 +303,61 @@ void wide_table(double seconds) {
                    fmt::format("{} {}", bf ? "bf16" : "f16", names[kind]), size, p, v, v / p);
       }
     }
+  }
+}
+
+// Four inputs at equal bytes: float32 as the direct and two-shot paths
+// reduce it (core/reduce_steps.hpp: three pairwise passes, s0 + s1, then
+// + s2, then + s3, through shmring::detail::reduce) beside the 16-bit
+// many-input kernels of the table this CPU runs (one pass, rounded once).
+// Each input holds the same bytes in every row, so float32 has half the
+// elements; GB/s counts the inputs read and the result written (5 x the
+// bytes of one input), and the ratio is the 16-bit time over float32's for
+// the same bytes: what the allreduce's 16-bit/float32 ratio at N=4 is made
+// of where the reduction bounds it.
+void many_input_table(double seconds) {
+  const shmring::detail::WideKernels* best = &best_wide_kernels();
+  fmt::print(
+      "\n# 4 inputs at equal bytes (GB/s: 4 inputs read + 1 result written, one core):\n"
+      "# f32: three pairwise passes ({}); bf16, f16: one pass ({}); time ratio 16-bit/f32\n",
+      shmring::detail::kernel_isa(), best->isa);
+  fmt::print("{:>9} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "size", "f32 3-pass", "bf16 many4",
+             "f16 many4", "bf16/f32", "f16/f32");
+  const std::size_t kSizes[] = {4u << 10, 256u << 10, 64u << 20};
+  for (std::size_t bytes : kSizes) {
+    Aligned in[4] = {Aligned(bytes), Aligned(bytes), Aligned(bytes), Aligned(bytes)};
+    Aligned out(bytes);
+    double rate[3];
+    for (int t = 0; t < 3; ++t) {
+      const std::size_t n = t == 0 ? bytes / 4 : bytes / 2;
+      for (int s = 0; s < 4; ++s)
+        for (std::size_t i = 0; i < n; ++i) {
+          if (t == 0) {
+            static_cast<float*>(in[s].p)[i] = 1.0f + static_cast<float>((i + s) % 97) / 128.0f;
+          } else {
+            const unsigned one = t == 1 ? 0x3f80u : 0x3c00u;
+            static_cast<std::uint16_t*>(in[s].p)[i] =
+                static_cast<std::uint16_t>(one + (i + static_cast<std::size_t>(s)) % 97);
+          }
+        }
+      const void* srcs[4] = {in[0].p, in[1].p, in[2].p, in[3].p};
+      // gbps() counts 3 x its byte argument per call: 5 x bytes moved.
+      rate[t] = gbps(bytes * 5 / 3, seconds, [&] {
+        if (t == 0) {
+          using shmring::DataType;
+          using shmring::ReduceOp;
+          shmring::detail::reduce(out.p, srcs[0], srcs[1], n, DataType::float32, ReduceOp::sum, 1);
+          shmring::detail::reduce(out.p, out.p, srcs[2], n, DataType::float32, ReduceOp::sum, 1);
+          shmring::detail::reduce(out.p, out.p, srcs[3], n, DataType::float32, ReduceOp::sum, 1);
+        } else {
+          best->many[t == 1 ? 1 : 0][0](out.p, srcs, 4, n, 1.0);
+        }
+      });
+    }
+    const std::string size =
+        bytes >= (1u << 20) ? fmt::format("{}MiB", bytes >> 20) : fmt::format("{}KiB", bytes >> 10);
+    fmt::print("{:>9} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.2f} {:>9.2f}\n", size, rate[0], rate[1],
+               rate[2], rate[0] / rate[1], rate[0] / rate[2]);
   }
 }
 
@@ -424,6 +488,7 @@ int main(int argc, char** argv) {
       "# bf16 sum*: the target_clones column is a fused one-pass loop (fused_sum_bf16,\n"
       "# defined here), not the library's widen/add/narrow blocks\n");
   wide_table(seconds);
+  many_input_table(seconds);
   return failures == 0 ? 0 : 1;
 }
 
