@@ -52,6 +52,7 @@ namespace neon {
 
 constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "neon";
+constexpr bool kDirectedRounding = false;  // no rounding in the instruction
 
 // 8 16-bit encodings.
 using H = uint16x8_t;

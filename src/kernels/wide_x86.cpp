@@ -118,6 +118,24 @@ inline __attribute__((always_inline)) F scale_f(F a, float r) {
   return _mm512_mul_ps(a, _mm512_set1_ps(r));
 }
 
+// a + b rounded down and up by the instruction itself (EVEX embedded
+// rounding, whatever MXCSR says): where both give the same value, no
+// rounding happened (kernels/wide_loops.inc, the bfloat16 many-input sums).
+constexpr bool kDirectedRounding = true;
+
+inline __attribute__((always_inline)) F add_down(F a, F b) {
+  return _mm512_add_round_ps(a, b, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+
+inline __attribute__((always_inline)) F add_up(F a, F b) {
+  return _mm512_add_round_ps(a, b, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+}
+
+// Whether every lane of a equals b's (ordered: a NaN lane never does).
+inline __attribute__((always_inline)) bool same_f(F a, F b) {
+  return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) == 0xffff;
+}
+
 inline __attribute__((always_inline)) __m512i bits_f(F f) {
   return _mm512_castps_si512(f);
 }
@@ -350,6 +368,7 @@ namespace avx2 {
 
 constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "avx2";
+constexpr bool kDirectedRounding = false;  // no rounding in the instruction
 
 struct V {
   __m256d lo, hi;
