@@ -50,6 +50,7 @@
 #include <cstring>
 
 #include "algorithms/algorithms.hpp"
+#include "base/element.hpp"
 #include "core/reduce_steps.hpp"
 #include "core/state.hpp"
 
@@ -160,7 +161,7 @@ void wait_all_lines(CommState& c) {
 
 void allreduce_low_latency(CommState& c, const void* send, void* recv, std::size_t count,
                            DataType dtype, ReduceOp op) {
-  const std::size_t bytes = count * datatype_size(dtype);
+  const std::size_t bytes = count * detail::element_bytes(dtype);
   publish_line(c, send, bytes);
   wait_all_lines(c);
   if (count == 0) return;
@@ -176,12 +177,16 @@ void allreduce_low_latency(CommState& c, const void* send, void* recv, std::size
   const auto* own = static_cast<const std::byte*>(send);
   const bool own_from_send =
       send != recv || c.rank == 1 || (c.rank == 0 && !detail::reduces_wide(dtype, op));
-  reduce_in_rank_order(
-      c, static_cast<std::byte*>(recv),
+  // One block (at most kLowLatencyBytes / 2 elements), so the block step
+  // itself, with its Wide partials (16-bit types past kManyInRegisters
+  // ranks) on the stack.
+  detail::Wide acc[detail::kLowLatencyBytes / 2];
+  reduce_block_in_rank_order(
+      static_cast<std::byte*>(recv),
       [&c, parity, own, own_from_send](int q) -> const std::byte* {
         return q == c.rank && own_from_send ? own : c.area(q).low_latency[parity].data;
       },
-      c.size, count, dtype, op);
+      c.size, count, dtype, op, acc);
 }
 
 void allgather_low_latency(CommState& c, const void* send, void* recv, std::size_t count,

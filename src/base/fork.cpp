@@ -10,12 +10,13 @@
 
 namespace shmring::detail {
 
+std::atomic<unsigned> g_fork_generation{0};
+
 namespace {
 
 // The handler runs in the child while every other thread of the parent is
 // gone; the parent's tracked descriptors are guarded by g_fork_mutex, held
 // across fork so that the child never sees a list half changed.
-std::atomic<unsigned> g_fork_generation{0};
 std::atomic<std::int64_t> g_forked_at_ns{-1};
 std::mutex g_fork_mutex;
 std::vector<int>& fork_fds() {

@@ -5,14 +5,25 @@
 // forks and one pthread_atfork handler serve every object that must notice
 // it is a child's copy (requests, the engine, point-to-point, the segment).
 
+#include <atomic>
 #include <cstdint>
 
 namespace shmring::detail {
+
+/// The count of forks fork_generation() returns (fork.cpp).
+extern std::atomic<unsigned> g_fork_generation;
 
 /// Bumped in every child right after fork() (pthread_atfork): an object that
 /// recorded another generation was inherited, and its threads did not come
 /// along. The first call registers the handler.
 unsigned fork_generation();
+
+/// fork_generation() without the registration: for the per-call check of
+/// an object whose constructor called fork_generation() (the handler is
+/// registered by then), one load.
+inline unsigned fork_generation_registered() {
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
 
 /// When this process was last forked from its parent without exec, on
 /// CLOCK_REALTIME in nanoseconds, read by the child right after fork(); -1

@@ -1,25 +1,14 @@
 #include <fmt/format.h>
 
+#include "base/element.hpp"
 #include "shmring/error.hpp"
 #include "shmring/types.hpp"
 
 namespace shmring {
 
 std::size_t datatype_size(DataType dtype) {
-  switch (dtype) {
-    case DataType::float32:
-    case DataType::int32:
-      return 4;
-    case DataType::float64:
-    case DataType::int64:
-      return 8;
-    case DataType::float16:
-    case DataType::bfloat16:
-      return 2;
-    case DataType::int8:
-    case DataType::uint8:
-      return 1;
-  }
+  if (static_cast<unsigned>(dtype) < static_cast<unsigned>(kNumDataTypes))
+    return detail::element_bytes(dtype);
   throw InvalidArgumentError(fmt::format("datatype {} is not a DataType (0..{})",
                                          static_cast<int>(dtype), kNumDataTypes - 1));
 }

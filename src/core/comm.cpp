@@ -248,8 +248,7 @@ void CommState::rethrow_abort(const detail::AbortInfo& a) {
   throw_error(static_cast<ErrorCode>(a.code), a.reason);
 }
 
-void CommState::check_owner() const {
-  if (!seg->forked_away()) return;
+void CommState::refuse_forked() const {
   throw InvalidArgumentError(fmt::format(
       "rank {} (forked child pid {}): this communicator belongs to process {} (rank {}); a forked "
       "child must create its own",
@@ -259,7 +258,8 @@ void CommState::check_owner() const {
 void CommState::begin(const CollectiveDesc& d) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
-  if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
+  if (detail::abort_claimed(seg->header())) [[unlikely]]
+    if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
   call_start_ns = call_clock.now();

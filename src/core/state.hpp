@@ -242,7 +242,11 @@ struct CommState {
   // ---- Collective framing. ----
   /// Throws InvalidArgumentError in a process forked (without exec) from the
   /// one that attached: only that process may use the rank.
-  void check_owner() const;
+  void check_owner() const {
+    if (seg->forked_away()) [[unlikely]]
+      refuse_forked();
+  }
+  [[noreturn]] void refuse_forked() const;
   /// "rank R: communicator is unusable after an earlier error: <first error>".
   std::string unusable_message() const;
   /// Throws the job's recorded error: as itself if it is this rank's first

@@ -161,10 +161,6 @@ AbortInfo record_abort(Header& h, ErrorCode code, int rank, const std::string& m
 // inherit the mapping at all (MADV_DONTFORK: a mapping also pins the open
 // file description), and every communicator checks the fork generation
 // before it touches anything.
-bool Segment::forked_away() const noexcept {
-  return fork_generation() != fork_generation_;
-}
-
 Segment::~Segment() {
   if (forked_away()) {
     // A forked child: the descriptor was closed at fork and the mapping was

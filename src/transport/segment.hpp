@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fork.hpp"
 #include "transport/header_check.hpp"
 #include "transport/layout.hpp"
 
@@ -116,7 +117,7 @@ class Segment {
   void unlink_name();
   /// True in a process forked (without exec) from the one that attached:
   /// there the segment is neither mapped nor open, and must not be used.
-  bool forked_away() const noexcept;
+  bool forked_away() const noexcept { return fork_generation_registered() != fork_generation_; }
   /// The process that attached this rank.
   int owner_pid() const noexcept { return owner_pid_; }
 
@@ -167,5 +168,11 @@ struct AbortInfo {
   std::string reason;
 };
 std::optional<AbortInfo> read_abort(const Header& h);
+
+/// Whether any rank has claimed the abort record: the one load of the
+/// per-call check, before read_abort reads the record.
+inline bool abort_claimed(const Header& h) {
+  return h.abort_code.load(std::memory_order_acquire) != kAbortNone;
+}
 
 }  // namespace shmring::detail
