@@ -8,8 +8,9 @@
 // The tests are inline and the messages are built out of line, in the
 // cold refuse_* functions (front_checks.cpp): an accepted call pays a few
 // compares, not a call per check. Every blocking and non-blocking call
-// passes here, and an 8-byte allreduce spends its whole time on such
-// fixed costs (docs/performance/notes/2026-12-04-small-call-costs.md).
+// passes here, and at 8 bytes such fixed costs are most of what a call
+// adds to the transfer of its line
+// (docs/performance/notes/2026-12-04-small-call-costs.md).
 
 #include <cstddef>
 #include <cstdint>
