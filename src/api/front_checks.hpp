@@ -39,10 +39,8 @@ inline void check_dtype(const Communicator::Impl& c, const char* what, DataType 
 
 /// op must be a ReduceOp, and avg needs a floating dtype (checked before).
 inline void check_op(const Communicator::Impl& c, const char* what, DataType dtype, ReduceOp op) {
-  const bool floating = dtype == DataType::float32 || dtype == DataType::float64 ||
-                        dtype == DataType::float16 || dtype == DataType::bfloat16;
   if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps) ||
-      (op == ReduceOp::avg && !floating)) [[unlikely]]
+      (op == ReduceOp::avg && !detail::floating(dtype))) [[unlikely]]
     refuse_op(c, what, dtype, op);
 }
 

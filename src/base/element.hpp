@@ -1,7 +1,8 @@
 #pragma once
 
-// Bytes per element of a DataType, inline: the one table behind the public
-// datatype_size (types.cpp), for hot paths whose dtype is already checked.
+// Bytes per element of a DataType and whether it is a floating type,
+// inline: the one definition behind the public datatype_size and
+// is_floating (types.cpp), for hot paths whose dtype is already checked.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,12 @@ constexpr std::size_t element_bytes(DataType dtype) {
       8,  // int64
   };
   return kBytes[static_cast<unsigned>(dtype)];
+}
+
+/// Whether `dtype` is float32, float64, float16 or bfloat16.
+constexpr bool floating(DataType dtype) {
+  return dtype == DataType::float32 || dtype == DataType::float64 || dtype == DataType::float16 ||
+         dtype == DataType::bfloat16;
 }
 
 // The table against the element types themselves, entry by entry.

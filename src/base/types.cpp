@@ -14,8 +14,7 @@ std::size_t datatype_size(DataType dtype) {
 }
 
 bool is_floating(DataType dtype) {
-  return dtype == DataType::float32 || dtype == DataType::float64 || dtype == DataType::float16 ||
-         dtype == DataType::bfloat16;
+  return detail::floating(dtype);
 }
 
 std::string_view to_string(DataType dtype) {
