@@ -240,8 +240,10 @@ void CommState::rethrow_abort(const detail::AbortInfo& a) {
   const bool blames_my_call =
       a.code == static_cast<std::uint32_t>(ErrorCode::mismatch) &&
       a.reason.find(fmt::format("rank {} made an invalid call", rank)) != std::string::npos;
-  const bool follow_up =
-      broken.has_value() || blames_my_call || p2p_failed.load(std::memory_order_relaxed);
+  // So was a refusal not yet settled: whichever rank's view of it won the
+  // abort word, this rank refused that call (settle_refusal).
+  const bool follow_up = broken.has_value() || blames_my_call || refused != 0 ||
+                         p2p_failed.load(std::memory_order_relaxed);
   broken = a.reason;
   record_failure();
   if (follow_up) throw AbortedError(unusable_message());
@@ -258,6 +260,8 @@ void CommState::refuse_forked() const {
 void CommState::begin(const CollectiveDesc& d) {
   check_owner();
   if (broken) throw AbortedError(unusable_message());
+  if (refused != 0) [[unlikely]]
+    settle_refusal();
   if (detail::abort_claimed(seg->header())) [[unlikely]]
     if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
@@ -489,6 +493,8 @@ std::string CommState::invalid_call_message(int peer, std::uint64_t coll,
 
 void CommState::publish_rejected(const std::string& reason) {
   if (broken) return;  // the peers hear of the first error instead
+  // Two refusals in a row: the first is settled before the second is told.
+  if (refused != 0) settle_refusal();
   // Peers that called this collective correctly must not wait for us: our
   // descriptor says "invalid call", which they report as a mismatch naming
   // this rank and `reason`. When every rank rejects the same call, nobody
@@ -506,8 +512,58 @@ void CommState::publish_rejected(const std::string& reason) {
     desc.kind.store(static_cast<std::uint32_t>(CollectiveKind::invalid), std::memory_order_relaxed);
     desc.seq.store(collectives + 1, std::memory_order_release);
     announce();
+    refused = collectives + 1;
+    refused_reason = reason;
   }
   end();
+}
+
+std::optional<CollectiveDesc> CommState::read_descriptor(int peer, std::uint64_t coll) {
+  // The descriptor ring's seqlock, as check_descriptor reads it.
+  auto& desc = area(peer).desc[coll % detail::kDescRing];
+  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
+  const CollectiveDesc theirs{
+      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
+      desc.count.load(std::memory_order_relaxed),
+      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+      static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
+      desc.root.load(std::memory_order_relaxed),
+      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (seq != coll + 1 || desc.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;
+  return theirs;
+}
+
+void CommState::settle_refusal() {
+  // A peer that called the refused collective validly either waits for this
+  // rank (and fails on reading the refusal: check_descriptor) or, on an
+  // eager path, has already returned and would learn of it only at a later
+  // check, after this rank's next call had run with it. So the refusing rank
+  // settles it itself, before its next call publishes anything: that call
+  // then fails on every rank that meets this one (docs/guide/errors.md,
+  // "Refused calls that leave the communicator usable").
+  const std::uint64_t coll = refused - 1;
+  for (int q = 0; q < size; ++q) {
+    if (q == rank) continue;
+    wait_counter(area(q).announced, coll + 1, q, "the start of a collective this rank refused");
+    const std::optional<CollectiveDesc> theirs = read_descriptor(q, coll);
+    if (theirs && theirs->kind == CollectiveKind::invalid) continue;
+    // q called it (or, torn or overwritten, something else). "rank R made
+    // an invalid call" are the words rethrow_abort looks for.
+    const std::string msg = fmt::format(
+        "rank {}: collective mismatch: rank {} called {} but rank {} made an invalid call (it "
+        "refused its arguments: {}); every rank's next call that meets rank {} fails",
+        rank, q,
+        theirs ? fmt::format("collective #{} {}", coll, describe(*theirs))
+               : std::string("a different collective"),
+        rank, refused_reason, rank);
+    detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::mismatch), rank, msg);
+    auto a = detail::read_abort(seg->header());
+    rethrow_abort(
+        a ? *a : detail::AbortInfo{static_cast<std::uint32_t>(ErrorCode::mismatch), rank, msg});
+  }
+  refused = 0;  // every rank refused it: nothing ran, nothing is owed
+  refused_reason.clear();
 }
 
 }  // namespace shmring

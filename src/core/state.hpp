@@ -294,6 +294,21 @@ struct CommState {
   /// with `reason` (this rank's own error) in its RankArea::refusal, and
   /// ends it (nothing when the communicator is broken).
   void publish_rejected(const std::string& reason);
+  /// The collective this rank last refused (publish_rejected), plus one,
+  /// until its next call settles it (settle_refusal); 0 when none.
+  std::uint64_t refused = 0;
+  std::string refused_reason;  ///< its error, as publish_rejected told it
+  /// Settles the refused call at this rank's next call, before anything of
+  /// that call is published: waits until every peer started it; when every
+  /// rank refused it, the communicator stays usable; when some peer called
+  /// it validly, fails the job (that peer may have returned without waiting:
+  /// an eager scatter root or gather non-root, staged_eager.cpp) and throws
+  /// AbortedError, this rank's first error having been its own refusal.
+  void settle_refusal();
+  /// Peer's descriptor of collective `coll`, or nullopt when its entry holds
+  /// another collective or was torn by a rewrite. Call after an acquire of
+  /// one of peer's counters that follows its announcement of `coll`.
+  std::optional<CollectiveDesc> read_descriptor(int peer, std::uint64_t coll);
   /// The mismatch a peer reports when `peer` published "invalid call" for
   /// collective `coll`: names `peer` and, when it could be read, its reason.
   std::string invalid_call_message(int peer, std::uint64_t coll, const CollectiveDesc& mine);

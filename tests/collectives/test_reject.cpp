@@ -54,6 +54,10 @@ std::string expect_throw(int r, F&& f, const char* needle) {
   return {};
 }
 
+std::string fmt_rank_invalid(int rank) {
+  return "rank " + std::to_string(rank) + " made an invalid call (it refused its arguments";
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -84,6 +88,95 @@ TEST_CASE(
         120, slow_timeout());
     CHECK(test::all_zero(status));
   }
+}
+
+// A scatter's root and a gather's non-roots return without waiting on the
+// eager paths (small blocks: the eager ring; bigger ones: a direct buffer).
+// A rank that refused the call settles it at its next call, before that
+// call moves data: the next call fails on every rank, with every buffer
+// untouched, instead of succeeding on some ranks and failing on others.
+TEST_CASE("a refused eager scatter or gather fails the next call on every rank") {
+  struct Case {
+    bool scatter;
+    int refuser;  // scatter: a non-root; gather: the root
+    std::size_t count;
+  };
+  for (int n : {2, 3})
+    for (Case k :
+         {Case{true, 1, 4}, Case{true, 1, 2000}, Case{false, 0, 4}, Case{false, 0, 2000}}) {
+      CAPTURE(n);
+      CAPTURE(k.scatter);
+      CAPTURE(k.count);
+      auto status = test::run_ranks(
+          n,
+          [k](Communicator& c) {
+            const int r = c.rank(), size = c.size();
+            const std::size_t count = k.count;
+            std::vector<float> all = values(r, count * static_cast<std::size_t>(size));
+            std::vector<float> mine = values(r, count);
+            const char* what = k.scatter ? "scatter" : "gather";
+            // A rank that waits for the refuser in the refused call itself
+            // (a scatter's reader, when the refuser settled first) fails there.
+            bool failed = false;
+            if (r == k.refuser) {
+              expect_throw<InvalidArgumentError>(
+                  r, [&] { c.reject_call(what, "out: read-only"); }, "out: read-only");
+            } else {
+              try {
+                if (k.scatter)
+                  c.scatter(r == 0 ? all.data() : nullptr, mine.data(), count, DataType::float32,
+                            0);
+                else
+                  c.gather(mine.data(), nullptr, count, DataType::float32, 0);
+              } catch (const MismatchError& e) {
+                SHMRING_CHILD_CHECK(r != 0 || !k.scatter, "rank %d: the eager root waited: %s", r,
+                                    e.what());
+                SHMRING_CHILD_CHECK(
+                    std::string(e.what()).find(fmt_rank_invalid(k.refuser)) != std::string::npos,
+                    "rank %d: %s", r, e.what());
+                failed = true;
+              }
+            }
+            std::vector<float> x = values(r, 1000);
+            const std::vector<float> before = x;
+            if (r == k.refuser || failed)
+              expect_throw<AbortedError>(
+                  r, [&] { c.allreduce(std::span<float>(x), ReduceOp::sum); },
+                  "made an invalid call (it refused its arguments");
+            else
+              expect_throw<MismatchError>(
+                  r, [&] { c.allreduce(std::span<float>(x), ReduceOp::sum); },
+                  fmt_rank_invalid(k.refuser).c_str());
+            SHMRING_CHILD_CHECK(x == before, "rank %d: the failed allreduce wrote its buffer", r);
+            expect_throw<AbortedError>(
+                r, [&] { c.barrier(); }, "unusable");
+          },
+          120, slow_timeout());
+      CHECK(test::all_zero(status));
+    }
+}
+
+// Every rank that refused a call another rank ran hears the same thing next:
+// AbortedError, its first error having been its own refusal.
+TEST_CASE("two ranks refuse what a third runs: both refusers get AbortedError next") {
+  auto status = test::run_ranks(
+      3,
+      [](Communicator& c) {
+        const int r = c.rank();
+        std::vector<float> x = values(r, 8), all(24);
+        if (r == 0)
+          expect_throw<MismatchError>(
+              r, [&] { c.allgather(x.data(), all.data(), 8, DataType::float32); },
+              "made an invalid call (it refused its arguments");
+        else
+          expect_throw<InvalidArgumentError>(
+              r, [&] { c.reject_call("allgather", "out: too small"); }, "out: too small");
+        for (int i = 0; i < 2; ++i)
+          expect_throw<AbortedError>(
+              r, [&] { c.allreduce(std::span<float>(x), ReduceOp::sum); }, "unusable");
+      },
+      120, slow_timeout());
+  CHECK(test::all_zero(status));
 }
 
 TEST_CASE("refused on every rank: nobody waits and the communicator stays usable") {

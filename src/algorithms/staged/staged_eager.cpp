@@ -286,18 +286,7 @@ namespace {
 // Peer q's descriptor of collective `coll`, or nullopt when the entry holds
 // another collective (or was being rewritten while we read it).
 std::optional<CollectiveDesc> eager_desc_of(CommState& c, int q, std::uint64_t coll) {
-  auto& desc = c.area(q).desc[coll % detail::kDescRing];
-  const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-  const CollectiveDesc theirs{
-      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-      desc.count.load(std::memory_order_relaxed),
-      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-      static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
-      desc.root.load(std::memory_order_relaxed),
-      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
-  std::atomic_thread_fence(std::memory_order_acquire);
-  if (seq != coll + 1 || desc.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;
-  return theirs;
+  return c.read_descriptor(q, coll);
 }
 
 }  // namespace
@@ -374,6 +363,8 @@ void check_eager_scatter(CommState& c) {
     c.wait_counter(c.area(q).announced, coll + 1, q, "a rank to start a scatter");
     const PeerCall theirs = read_peer_call(c, q, coll);
     if (same_eager_call(theirs, mine)) continue;
+    if (theirs.is_coll && theirs.desc.kind == CollectiveKind::invalid)
+      c.fail(MismatchError(c.invalid_call_message(q, coll, mine)));
     c.fail(MismatchError(fmt::format(
         "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: a scatter "
         "root does not wait for the others) but rank {} called {}; every rank must call the same "
