@@ -2,10 +2,10 @@
 // its segment READ-ONLY. A running job's segment has no name any more (the
 // name is unlinked once every rank attached: docs/design/segment.md), so
 // the segments are found through the ranks' open descriptors
-// (/proc/PID/fd/N -> "/dev/shm/shmring-<uid>-<job>-<host> (deleted)"),
-// opened O_RDONLY and mapped PROT_READ: nothing is written, locked or kept
-// past the read (the job's memory goes when its last rank exits, as
-// before; our brief mapping only delays the free of the pages).
+// (/proc/PID/fd/N -> "/dev/shm/shmring-<uid>-<job>-<host> (deleted)"), and
+// those of jobs still starting by their names; both are opened O_RDONLY and mapped PROT_READ:
+// nothing is written, locked or kept past the read (the job's memory goes when its last rank exits,
+// as before; our brief mapping only delays the free of the pages).
 
 #include "shmrun_status.hpp"
 
@@ -36,7 +36,7 @@ namespace {
 namespace d = shmring::detail;
 
 struct Found {
-  std::string proc_path;  // /proc/PID/fd/N
+  std::string proc_path;  // /proc/PID/fd/N, or /dev/shm/<name> for a job still starting
   std::string name;       // shmring-<uid>-<job>-<host>
 };
 
@@ -73,6 +73,20 @@ std::vector<Found> find_segments(const std::string& prefix) {
     closedir(fds);
   }
   closedir(proc);
+  // A job still starting (some rank not attached yet) has its name in
+  // /dev/shm, and its creator's descriptor reads "/dev/shm/#<inode>
+  // (deleted)" (made with O_TMPFILE, then named): found by the name.
+  if (DIR* shm = opendir("/dev/shm")) {
+    while (dirent* e = readdir(shm)) {
+      const std::string name = e->d_name;
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string path = "/dev/shm/" + name;
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 || !seen.insert({st.st_dev, st.st_ino}).second) continue;
+      out.push_back({path, name});
+    }
+    closedir(shm);
+  }
   return out;
 }
 
@@ -127,7 +141,11 @@ bool print_job(const Found& f, FILE* out) {
     ok = true;
     const std::uint64_t now = d::mono_ns();
     const auto abort_code = h->abort_code.load(std::memory_order_acquire);
-    std::fprintf(out, "job segment %s: %d ranks%s\n", f.name.c_str(), n,
+    int attached = 0;
+    for (int r = 0; r < n; ++r)
+      attached += d::read_rank_record(base, check.layout, r).rank_state != d::kRankAbsent;
+    std::fprintf(out, "job segment %s: %d ranks%s%s\n", f.name.c_str(), n,
+                 attached < n ? fmt::format(", starting ({} attached)", attached).c_str() : "",
                  abort_code == d::kAbortNone ? "" : ", failed (its abort word is set)");
     if (check.layout.recorder_entries == 0)
       std::fprintf(out, "  (no flight recorder: the job runs with SHMRING_RECORDER_ENTRIES=0)\n");
@@ -169,8 +187,9 @@ bool print_job(const Found& f, FILE* out) {
                               now > rec.p2p->start_ns ? (now - rec.p2p->start_ns) * 1e-9 : 0.0);
           waits = fmt::format("waits for rank {}", rec.p2p->peer);
         } else {
-          call = last ? fmt::format("idle (last {})", call_text(*last))
-                      : std::string("idle (no call yet)");
+          call = last           ? fmt::format("idle (last {})", call_text(*last))
+                 : attached < n ? std::string("starting: waits for every rank to attach")
+                                : std::string("idle (no call yet)");
           if (dead) call += " (dead)";
           if (last)
             since = fmt::format("{:.1f} s", now > last->end_ns ? (now - last->end_ns) * 1e-9 : 0.0);

@@ -429,6 +429,36 @@ def test_environment():
           "expected one free MASTER_PORT for all ranks", p.stdout)
 
 
+def test_status_while_starting():
+    """--status shows a job whose ranks have not all attached yet: rank 0
+    waits in its constructor for rank 1, which never comes."""
+    jid = job_id()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
+    creator = subprocess.Popen([WORKER, "create", jid], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            p = subprocess.run([SHMRUN, "--status", "--job-id", jid], capture_output=True,
+                               text=True, timeout=20)
+            if p.returncode == 0:
+                break
+            check("no running shmring job" in p.stdout, "unexpected --status output",
+                  p.stdout + p.stderr)
+            check(time.monotonic() < deadline, "--status never found the starting job", p.stdout)
+            time.sleep(0.05)
+        check(re.search(rf"^job segment shmring-{os.getuid()}-{re.escape(jid)}-\S+: 2 ranks, "
+                        r"starting \(1 attached\)$", p.stdout, re.M), "the job's line", p.stdout)
+        check(re.search(rf"^\s*0\s+{creator.pid}\s+starting: waits for every rank to attach",
+                        p.stdout, re.M), "rank 0's row", p.stdout)
+        check(re.search(r"^\s*1\s+0\s+not attached", p.stdout, re.M), "rank 1's row", p.stdout)
+    finally:
+        creator.kill()
+        creator.wait()
+        for n in shm_entries(jid):
+            os.unlink(f"/dev/shm/{n}")
+
+
 def test_list_cleanup():
     """--list shows a stale segment (creator dead); --cleanup removes it."""
     # A segment is stale once its creator (rank 0) died before every rank
