@@ -33,6 +33,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/config.hpp"
@@ -156,6 +157,29 @@ void accept_mpirun_np(int argc, char** argv) {
   }
 }
 
+// CLI::Range's check, with a message that tells a value that is not a
+// number ("abc") from one out of range: "'abc': expected an integer from 1
+// to 4096". `multiple_of` (integers): the value must be a multiple of it.
+template <class T>
+CLI::Validator in_range(T lo, T hi, T multiple_of = T{}) {
+  const std::string kind = std::is_integral_v<T> ? "an integer" : "a number";
+  const std::string want =
+      multiple_of != T{}
+          ? fmt::format("expected a multiple of {} from {} to {}", multiple_of, lo, hi)
+          : fmt::format("expected {} from {} to {}", kind, lo, hi);
+  return CLI::Validator(
+      [lo, hi, multiple_of, want](std::string& v) -> std::string {
+        T x{};
+        bool ok = CLI::detail::lexical_cast(v, x) && x >= lo && x <= hi;
+        if constexpr (std::is_integral_v<T>)
+          ok = ok && (multiple_of == T{} || x % multiple_of == 0);
+        return ok ? "" : fmt::format("'{}': {}", v, want);
+      },
+      multiple_of != T{}
+          ? fmt::format("MULTIPLE OF {} in [{} - {}]", multiple_of, lo, hi)
+          : fmt::format("{} in [{} - {}]", std::is_integral_v<T> ? "INT" : "FLOAT", lo, hi));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -177,7 +201,7 @@ int main(int argc, char** argv) {
 
   auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
                             "Number of worker processes (ranks); mpirun's -np works too")
-                 ->check(CLI::Range(1, 4096));
+                 ->check(in_range(1, 4096));
   app.add_flag("--tag-output", spec.tag_output,
                "Prefix every line of stdout and stderr with '[rank] '");
   app.add_option("--bind-to", bind_to,
@@ -188,28 +212,21 @@ int main(int argc, char** argv) {
                "Print each rank's pid and cores to stderr");
   app.add_option("--timeout", spec.timeout_s,
                  "Seconds the whole job may run; then it is terminated and shmrun exits 124")
-      ->check(CLI::Range(0.001, 1e9));
+      ->check(in_range(0.001, 1e9));
   app.add_option("--grace", spec.grace_s, "Seconds between SIGTERM and SIGKILL on teardown")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(in_range(0.0, 3600.0))
       ->capture_default_str();
   app.add_option("-x", exports,
                  "VAR=VALUE (or VAR: its current value) for every worker; repeatable")
       ->allow_extra_args(false)
       ->type_name("VAR=VALUE");
   app.add_option("--threads", threads, "Reduction threads per rank (SHMRING_THREADS)")
-      ->check(CLI::Range(1, 1024));
+      ->check(in_range(1, 1024));
   app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")
-      ->check(CLI::Range(2, 62));  // the library's range (its descriptor ring holds 64)
+      ->check(in_range(2, 62));  // the library's range (its descriptor ring holds 64)
   app.add_option("--slot-bytes", slot_bytes,
                  "Bytes per slot, a multiple of 4096 (SHMRING_SLOT_BYTES)")
-      ->check(CLI::Range(std::size_t{4096}, std::size_t{1} << 30) &
-              CLI::Validator(
-                  [](std::string& v) -> std::string {
-                    return std::stoull(v) % 4096 == 0
-                               ? ""
-                               : fmt::format("{}: expected a multiple of 4096", v);
-                  },
-                  "MULTIPLE OF 4096"));
+      ->check(in_range(std::size_t{4096}, std::size_t{1} << 30, std::size_t{4096}));
   app.add_option("--job-id", spec.job_id,
                  "Job id shared by the ranks (default: random); names the segment")
       ->check(CLI::Validator(

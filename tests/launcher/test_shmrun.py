@@ -506,7 +506,11 @@ def test_usage_errors():
              (["-n", "2"], "program"), (["--timeout", "-1", "-n", "1", "true"], "--timeout"),
              (["-x", "1X=2", "-n", "1", "true"], "1X=2"),
              (["--slot-bytes", "5000", "-n", "1", "true"], "4096"),
-             (["--job-id", "a/b", "-n", "1", "true"], "a/b")]
+             (["--job-id", "a/b", "-n", "1", "true"], "a/b"),
+             # Not a number at all: said so (and never a crash).
+             (["-n", "abc", "true"], "'abc': expected an integer from 1 to 4096"),
+             (["--timeout", "soon", "-n", "1", "true"], "'soon': expected a number"),
+             (["--slot-bytes", "big", "-n", "1", "true"], "'big': expected a multiple of 4096")]
     for args, word in cases:
         p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
         check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
