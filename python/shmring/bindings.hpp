@@ -91,14 +91,18 @@ void register_exceptions(py::module_& m);
 class PyCommunicator {
  public:
   explicit PyCommunicator(const Options& options)
-      : comm_(std::make_unique<Communicator>(options)) {}
+      : comm_(std::make_unique<Communicator>(options)), rank_(comm_->rank()) {}
   explicit PyCommunicator(Communicator&& comm)
-      : comm_(std::make_unique<Communicator>(std::move(comm))) {}
+      : comm_(std::make_unique<Communicator>(std::move(comm))), rank_(comm_->rank()) {}
 
   Communicator& get() {
-    if (!comm_) throw InvalidArgumentError("this Communicator was closed; create a new one");
+    if (!comm_)
+      throw InvalidArgumentError(
+          fmt::format("rank {}: this Communicator was closed; create a new one", rank_));
     return *comm_;
   }
+  /// The rank it had, also once closed (for messages).
+  int rank() const { return rank_; }
   bool closed() const { return !comm_; }
 
   void close() {
@@ -130,6 +134,7 @@ class PyCommunicator {
 
  private:
   std::unique_ptr<Communicator> comm_;
+  int rank_;
   std::atomic<bool> busy_{false};
 };
 

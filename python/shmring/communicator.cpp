@@ -2,6 +2,7 @@
 // entry points (ranked, ranked_p2p), which turn the bindings' own argument
 // errors into errors the peers see at once.
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,8 +38,18 @@ T from_py(py::object obj, const char* what) {
     return obj;
   } else {
     try {
+      if constexpr (!std::is_arithmetic_v<T>)
+        // pybind11 casts None to a class type by throwing reference_cast_error,
+        // which its dispatcher takes for "try the next overload" (misbound).
+        if (obj.is_none()) throw py::cast_error();
       return obj.cast<T>();
     } catch (const py::cast_error&) {
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        if (PyIndex_Check(obj.ptr()))  // an int, but too big for T
+          throw InvalidArgumentError(
+              fmt::format("{}: an argument is {} {}, out of range (expected {}..{})", what,
+                          type_name(obj), py::repr(obj).cast<std::string>(),
+                          std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
       throw py::type_error(fmt::format("{}: an argument is {} {}, expected {}", what,
                                        type_name(obj), py::repr(obj).cast<std::string>(),
                                        expected_type<T>()));
@@ -83,7 +94,7 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
       } catch (py::error_already_set& e) {
         why = e.what();
       } catch (const std::exception& e) {
-        why = e.what();
+        if (*e.what() != '\0') why = e.what();
       } catch (...) {
       }
       try {
@@ -92,7 +103,12 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
         // Published (or the communicator is broken and the peers know):
         // the caller gets the original error, which says most.
       }
-      throw;
+      try {
+        throw;
+      } catch (const py::reference_cast_error& e) {
+        // Published once: pybind11 must not go on to the next overload.
+        throw py::type_error(why);
+      }
     }
   };
 }
@@ -110,6 +126,53 @@ auto ranked_p2p(py::object (*f)(PyCommunicator&, A...)) {
       if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
       throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
     }
+  };
+}
+
+// Each collective's last overload: pybind11 reaches it only when it could not
+// bind the call's arguments to the first one (an unknown keyword, one too
+// many or missing). Such a call is refused in call order like the bindings'
+// own checks (ranked()), so the peers' matching call fails at once instead
+// of waiting until SHMRING_TIMEOUT; here it raises TypeError naming what it
+// got and the signature.
+struct Signature {
+  const char* name;
+  const char* params;
+};
+
+constexpr Signature kSignatures[] = {
+    {"allreduce", "buffer, op=ReduceOp.sum, *, out=None, async_op=False"},
+    {"reduce_scatter", "send, out, op=ReduceOp.sum, *, async_op=False"},
+    {"allgather", "send, out, *, async_op=False"},
+    {"broadcast", "buffer, root=0, *, async_op=False"},
+    {"reduce", "buffer, op=ReduceOp.sum, root=0, *, out=None, async_op=False"},
+    {"alltoall", "send, out, *, async_op=False"},
+    {"alltoallv",
+     "send, send_counts, out, recv_counts, send_displs=None, recv_displs=None, *, async_op=False"},
+    {"gather", "send, out=None, root=0, *, async_op=False"},
+    {"scatter", "send, out, root=0, *, async_op=False"},
+    {"allgatherv", "send, out, recv_counts, displs=None, *, async_op=False"},
+    {"reduce_scatter_v", "send, out, recv_counts, op=ReduceOp.sum, *, async_op=False"},
+    {"barrier", "*, async_op=False"},
+    {"split", "color, key=0"},
+};
+
+auto misbound(Signature sig) {
+  return [sig](PyCommunicator& self, const py::args& args, const py::kwargs& kwargs) {
+    std::string got;
+    for (py::handle a : args) got += fmt::format("{}{}", got.empty() ? "" : ", ", type_name(a));
+    for (auto [key, value] : kwargs)
+      got += fmt::format("{}{}={}", got.empty() ? "" : ", ", py::str(key).cast<std::string>(),
+                         type_name(value));
+    const std::string why = fmt::format("{}() takes ({}), not ({})", sig.name, sig.params, got);
+    if (!self.closed()) {
+      try {
+        self.get().reject_call(sig.name, why);
+      } catch (const Error&) {
+        // Published (or the communicator is broken and the peers know).
+      }
+    }
+    throw py::type_error(fmt::format("rank {}: {}", self.rank(), why));
   };
 }
 
@@ -326,9 +389,9 @@ Alltoall: block j of this rank's `send` goes to block rank of rank j's `out`.
 overlap (no in-place form). Returns `out`.
 )doc")
       .def("alltoallv", ranked("alltoallv", &alltoallv), py::arg("send"), py::arg("send_counts"),
-           py::arg("out"), py::arg("recv_counts"), py::kw_only(),
-           py::arg("send_displs") = py::none(), py::arg("recv_displs") = py::none(),
-           py::arg("async_op") = false, R"doc(
+           py::arg("out"), py::arg("recv_counts"), py::arg("send_displs") = py::none(),
+           py::arg("recv_displs") = py::none(), py::kw_only(), py::arg("async_op") = false,
+           R"doc(
 Alltoallv (MPI_Alltoallv): send_counts[j] elements of `send` starting at
 send_displs[j] go to rank j, which receives them in its `out` at
 recv_displs[rank]. Counts and displacements are sequences of `size` ints, in
@@ -351,7 +414,7 @@ elsewhere) goes to rank r's `out` (k elements). In place at the root when
 `out` is send[root*k:(root+1)*k]. Returns `out`.
 )doc")
       .def("allgatherv", ranked("allgatherv", &allgatherv), py::arg("send"), py::arg("out"),
-           py::arg("recv_counts"), py::kw_only(), py::arg("displs") = py::none(),
+           py::arg("recv_counts"), py::arg("displs") = py::none(), py::kw_only(),
            py::arg("async_op") = false, R"doc(
 Allgatherv (MPI_Allgatherv): rank r's `send` (recv_counts[r] elements) lands
 in every rank's `out` at displs[r]. recv_counts (the same on every rank, else
@@ -434,6 +497,11 @@ communicator.
         return fmt::format("<shmring.Communicator rank={} size={} job_id='{}'>", cfg.rank,
                            cfg.world_size, cfg.job_id);
       });
+  auto cls = py::reinterpret_borrow<py::class_<PyCommunicator>>(m.attr("Communicator"));
+  for (const Signature& sig : kSignatures)
+    cls.def(sig.name, misbound(sig),
+            "Other arguments: refused on every rank (TypeError here, MismatchError naming this "
+            "rank on the others).");
 }
 
 }  // namespace shmring::python

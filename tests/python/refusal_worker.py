@@ -174,6 +174,33 @@ def cases(size):
             lambda c: c.alltoall(values(c.rank, size * n), np.empty(size * n, np.float32),
                                  async_op=True).wait(),
             TypeError, ["'yes'", "bool"]),
+        # Eager: the root returns before the readers take their blocks.
+        "scatter_out_readonly": (
+            lambda c: c.scatter(None, np.frombuffer(bytes(4 * n), dtype=np.float32), root=0),
+            lambda c: c.scatter(values(c.rank, size * n) if c.rank == 0 else None,
+                                np.empty(n, np.float32), root=0),
+            shmring.InvalidArgumentError, ["rank 1", "scatter", "read-only"]),
+        # Arguments pybind11 cannot bind, refused before the bindings' checks.
+        "misbound_keyword": (
+            lambda c: c.allreduce(values(c.rank, n), bogus=1),
+            lambda c: c.allreduce(values(c.rank, n)),
+            TypeError, ["rank 1", "allreduce() takes (buffer", "bogus=int"]),
+        "misbound_count": (
+            lambda c: c.broadcast(values(c.rank, n), 0, 1),
+            lambda c: c.broadcast(values(c.rank, n), 0),
+            TypeError, ["rank 1", "broadcast() takes", "(ndarray, int, int)"]),
+        "none_op": (
+            lambda c: c.allreduce(values(c.rank, n), None),
+            lambda c: c.allreduce(values(c.rank, n)),
+            TypeError, ["NoneType None", "shmring.ReduceOp"]),
+        "root_out_of_range": (
+            lambda c: c.broadcast(values(c.rank, n), root=2**40),
+            lambda c: c.broadcast(values(c.rank, n), root=0),
+            shmring.InvalidArgumentError, ["rank 1", "1099511627776", "out of range"]),
+        "split_color_type": (
+            lambda c: c.split("red"),
+            lambda c: c.split(0),
+            TypeError, ["rank 1", "split() takes (color, key=0), not (str)"]),
         # Non-blocking: refused at once, and told to the peers too.
         "async_dtype": (
             lambda c: c.allreduce(np.ones(n, dtype=np.complex64), async_op=True),
@@ -199,19 +226,14 @@ def expect(fn, exc_type, words):
 
 
 def run_case(comm, name, bad, good, exc_type, words):
-    # A gather's non-roots may return once their block is deposited and
-    # learn of the root's refusal at their next call (Communicator.gather's
-    # contract), which the refusing root may have finished meanwhile.
-    eager = name.startswith("gather")
-    follow_up = lambda: comm.allreduce(np.ones(2, dtype=np.float32))  # noqa: E731
+    # A gather's non-roots and a scatter's root may return without waiting
+    # (the eager paths): they learn of the refusal at their next call, which
+    # fails on every rank before it moves data (docs/guide/errors.md).
+    eager = name.startswith(("gather", "scatter"))
+    buf = np.ones(2, dtype=np.float32)
+    follow_up = lambda: comm.allreduce(buf)  # noqa: E731
     if comm.rank == BAD_RANK:
         expect(lambda: bad(comm), exc_type, words)
-        if eager:
-            try:
-                follow_up()
-            except shmring.AbortedError:
-                print(f"{name} ok", flush=True)
-                return
     elif eager:
         try:
             good(comm)
@@ -219,6 +241,8 @@ def run_case(comm, name, bad, good, exc_type, words):
             check(f"rank {BAD_RANK} made an invalid call" in str(e), str(e))
         else:
             expect(follow_up, shmring.MismatchError, [f"rank {BAD_RANK} made an invalid call"])
+            check(np.array_equal(buf, np.ones(2, dtype=np.float32)),
+                  f"{name}: the failed call wrote {buf}")
     else:
         expect(lambda: good(comm), shmring.MismatchError,
                [f"rank {BAD_RANK} made an invalid call"])
@@ -322,9 +346,23 @@ def scenario_every_rank(rank, size, job_id, timeout, only):
             expect(lambda: comm.allgather(values(rank, n), np.empty(n, dtype=np.float32),
                                           async_op=True),
                    shmring.InvalidArgumentError, [f"rank {rank}", "allgather"])
+            expect(lambda: comm.allreduce(values(rank, n), op=None, bogus=2), TypeError,
+                   [f"rank {rank}", "bogus=int"])
         buf = values(rank, n)
         comm.allreduce(buf)
         check(np.array_equal(buf, sum(values(r, n) for r in range(size))), "allreduce after")
+        # Displacements positionally, as documented (MPI's argument order).
+        counts = [r + 1 for r in range(size)]
+        displs = [sum(counts[:r]) + r for r in range(size)]
+        out = np.zeros(displs[-1] + counts[-1], np.float32)
+        comm.allgatherv(np.full(rank + 1, rank, np.float32), out, counts, displs)
+        for r in range(size):
+            check(np.all(out[displs[r]:displs[r] + counts[r]] == r), f"allgatherv block {r}: {out}")
+        send = np.full(size, rank, np.float32)
+        got = np.zeros(2 * size, np.float32)
+        comm.alltoallv(send, [1] * size, got, [1] * size, list(range(size)),
+                       [2 * r for r in range(size)])
+        check(np.array_equal(got[::2], np.arange(size, dtype=np.float32)), f"alltoallv: {got}")
         print("every rank ok", flush=True)
 
 

@@ -19,7 +19,9 @@ def test_refused_on_one_rank_fails_fast_everywhere(size):
     for _, out in results:
         for name in ("allreduce_dtype", "async_dtype", "reduce_out_size", "alltoall_size",
                      "alltoallv_counts", "gather_out_size", "scatter_send_size",
-                     "allgatherv_block_outside", "reduce_scatter_v_out", "async_type"):
+                     "allgatherv_block_outside", "reduce_scatter_v_out", "async_type",
+                     "scatter_out_readonly", "misbound_keyword", "misbound_count", "none_op",
+                     "root_out_of_range", "split_color_type"):
             assert f"{name} ok" in out, name
 
 
