@@ -71,7 +71,8 @@ class SHMRING_API Request {
   bool wait_for(std::chrono::duration<Rep, Period> timeout) {
     return wait_for_seconds(std::chrono::duration<double>(timeout).count());
   }
-  /// wait_for() with the timeout in seconds (negative: as 0).
+  /// wait_for() with the timeout in seconds (negative: as 0, a poll; NaN:
+  /// InvalidArgumentError).
   bool wait_for_seconds(double timeout_s);
 
   /// Registers `fn`, called exactly once when the collective completes, with

@@ -2,6 +2,7 @@
 // the buffer protocol export or DLPack tensor, hence the memory) alive until
 // the collective is complete, then releases them with the GIL held.
 
+#include <cmath>
 #include <exception>
 #include <optional>
 #include <string>
@@ -35,6 +36,11 @@ PyRequest::~PyRequest() {
 }
 
 bool PyRequest::wait(std::optional<double> timeout) {
+  // Refused here, before the request's own error handling below (which
+  // would let go of the buffers of a request still running).
+  if (timeout && std::isnan(*timeout))
+    throw InvalidArgumentError(
+        "Request.wait: timeout=nan, expected a number of seconds (None: no limit)");
   bool done = true;
   try {
     py::gil_scoped_release release;
@@ -101,7 +107,8 @@ communicator's next call raises AbortedError quoting it.
       .def("wait", &PyRequest::wait, py::arg("timeout") = py::none(), R"doc(
 Blocks (GIL released) until the collective is complete and returns True, or
 raises its error. With `timeout` (seconds), returns False if it is still
-running then (the request stays pending).
+running then (the request stays pending); a negative timeout polls, as
+threading.Event.wait does; nan raises InvalidArgumentError.
 )doc")
       .def("is_completed", &PyRequest::is_completed,
            "True when complete (raises the collective's error if it failed); never blocks.")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -145,6 +146,9 @@ bool Request::test() {
 }
 
 bool Request::wait_for_seconds(double timeout_s) {
+  if (std::isnan(timeout_s))
+    throw InvalidArgumentError(
+        "Request::wait_for: timeout is nan, expected a number of seconds (negative: as 0)");
   if (!state_) return true;
   return state_->wait_until_done(timeout_s < 0 ? 0 : timeout_s);
 }

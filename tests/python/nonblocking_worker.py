@@ -89,6 +89,12 @@ def scenario_timeout(comm):
         check(req.wait(timeout=0.05) is False, "complete before the peer started")
         check(time.monotonic() - t0 < 5, "wait(timeout) overslept")
         check(not req.is_completed(), "is_completed true while pending")
+        check(req.wait(timeout=-1) is False, "a negative timeout polls")
+        try:
+            req.wait(timeout=float("nan"))
+            check(False, "wait(timeout=nan) accepted")
+        except shmring.InvalidArgumentError as e:
+            check("timeout=nan" in str(e), str(e))
         while not req.is_completed():
             time.sleep(0.001)
     check(req.wait(timeout=30) is True, "not complete")
