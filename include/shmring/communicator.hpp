@@ -371,6 +371,14 @@ class SHMRING_API Communicator {
                   int root);
   /// Non-blocking barrier(): complete once every rank has entered it.
   Request ibarrier();
+  /// The barrier of a rank about to destroy this communicator (as NCCL's
+  /// ncclCommFinalize, it is queued behind this rank's pending calls, which
+  /// complete first): complete once every rank has finished its calls before
+  /// it and entered it. A peer that meets it in another collective gets
+  /// MismatchError saying that this rank is leaving, where a plain barrier
+  /// would be named instead. Make no collective call after it; the torch
+  /// backend calls it in destroy_process_group. Errors as ibarrier().
+  Request ifinalize();
   /// Non-blocking forms of the calls above (same arguments and errors).
   Request ialltoall(const void* send, void* recv, std::size_t count, DataType dtype);
   Request ialltoallv(const void* send, std::span<const std::size_t> send_counts,

@@ -254,7 +254,7 @@ void ProcessGroupShmring::release(bool leave) {
     if (comm_ && leave) {
       // Queued behind the pending collectives: they complete first.
       try {
-        Request left = comm_->ibarrier();
+        Request left = comm_->ifinalize();
         if (!left.wait_for(kLeaveWait))
           comm_->abort("rank " + std::to_string(rank_) + " destroyed the process group after " +
                        std::to_string(kLeaveWait.count()) + " s without its peers");

@@ -385,6 +385,11 @@ Request Communicator::ireduce(const void* send, void* recv, std::size_t count, D
 Request Communicator::ibarrier() {
   return impl_->submit(make_barrier());
 }
+Request Communicator::ifinalize() {
+  Op o = make_barrier();
+  o.desc.purpose = CallPurpose::finalize;
+  return impl_->submit(o);
+}
 
 Communicator Communicator::split(int color, int key) {
   Impl& c = *impl_;
@@ -396,16 +401,24 @@ Communicator Communicator::split(int color, int key) {
   // MPI_Comm_split: gather every rank's (color, key), then each group orders
   // its members by (key, parent rank).
   std::vector<std::int64_t> mine = {color, key}, all(2 * static_cast<std::size_t>(c.size));
+  // Published as split's (CallPurpose::split): a peer in another call names
+  // split, not an allgather its user never made.
+  Op gather_keys = make_allgather(c, mine.data(), all.data(), 2, DataType::int64);
+  gather_keys.desc.purpose = CallPurpose::split;
   try {
-    allgather(mine.data(), all.data(), 2, DataType::int64);
+    c.execute(gather_keys);
   } catch (const Error& e) {
-    // The peers' errors name the allgather, a call they never made: say
-    // which one of theirs it belongs to.
-    throw_error(e.code(),
-                fmt::format("{} [in split(color={}, key={}), whose first step is that allgather "
-                            "of every rank's (color, key)]",
-                            e.what(), color, key),
-                e.sys_errno());
+    // This rank's own words: with color and key where describe() said
+    // "in split()", else (a timeout, a dead peer) appended.
+    std::string msg = e.what();
+    const std::string bare = "in split()";
+    const std::string full = fmt::format("in split(color={}, key={})", color, key);
+    if (auto at = msg.find(bare); at != std::string::npos)
+      msg.replace(at, bare.size(), full);
+    else
+      msg +=
+          fmt::format(" [{}, whose first step is an allgather of every rank's (color, key)]", full);
+    throw_error(e.code(), msg, e.sys_errno());
   }
   std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
   for (int q = 0; q < c.size; ++q)

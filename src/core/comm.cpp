@@ -67,7 +67,37 @@ const char* to_string(CollectiveKind k) {
   return "unknown";
 }
 
+namespace {
+
+// The fields of a descriptor entry (relaxed loads: the caller orders them).
+CollectiveDesc load_descriptor(const detail::Descriptor& desc) {
+  const std::uint32_t kind_word = desc.kind.load(std::memory_order_relaxed);
+  CollectiveDesc d{static_cast<CollectiveKind>(kind_word & 0xffff),
+                   desc.count.load(std::memory_order_relaxed),
+                   static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
+                   static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
+                   desc.root.load(std::memory_order_relaxed),
+                   static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  d.purpose = static_cast<CallPurpose>(kind_word >> 16);
+  return d;
+}
+
+}  // namespace
+
 std::string CommState::describe(const CollectiveDesc& d) const {
+  switch (d.purpose) {
+    case CallPurpose::user:
+      break;
+    case CallPurpose::split: {
+      CollectiveDesc inner = d;
+      inner.purpose = CallPurpose::user;
+      return describe(inner) +
+             " [in split(), whose first step is that allgather of every "
+             "rank's (color, key)]";
+    }
+    case CallPurpose::finalize:
+      return "finalize() [the rank is leaving: it destroys its communicator or process group]";
+  }
   if (d.kind == CollectiveKind::invalid) return "an invalid call (rejected its arguments)";
   if (d.kind == CollectiveKind::barrier) return "barrier()";
   if (d.kind == CollectiveKind::alltoallv || d.kind == CollectiveKind::allgatherv)
@@ -275,7 +305,8 @@ void CommState::begin(const CollectiveDesc& d) {
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
   desc.count.store(d.count, std::memory_order_relaxed);
-  desc.kind.store(static_cast<std::uint32_t>(d.kind), std::memory_order_relaxed);
+  desc.kind.store(static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.purpose) << 16,
+                  std::memory_order_relaxed);
   desc.dtype.store(static_cast<std::uint32_t>(d.dtype), std::memory_order_relaxed);
   desc.op.store(static_cast<std::uint32_t>(d.op), std::memory_order_relaxed);
   desc.root.store(d.root, std::memory_order_relaxed);
@@ -330,12 +361,7 @@ void CommState::check_descriptor(int peer) {
   // entry again while we may still read it (the pace bound above).
   auto& desc = area(peer).desc[collectives % detail::kDescRing];
   std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-  CollectiveDesc theirs{static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-                        desc.count.load(std::memory_order_relaxed),
-                        static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-                        static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
-                        desc.root.load(std::memory_order_relaxed),
-                        static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  CollectiveDesc theirs = load_descriptor(desc);
   std::atomic_thread_fence(std::memory_order_acquire);
   bool torn = desc.seq.load(std::memory_order_relaxed) != seq;
   const CollectiveDesc& mine = *current;
@@ -522,13 +548,7 @@ std::optional<CollectiveDesc> CommState::read_descriptor(int peer, std::uint64_t
   // The descriptor ring's seqlock, as check_descriptor reads it.
   auto& desc = area(peer).desc[coll % detail::kDescRing];
   const std::uint64_t seq = desc.seq.load(std::memory_order_acquire);
-  const CollectiveDesc theirs{
-      static_cast<CollectiveKind>(desc.kind.load(std::memory_order_relaxed)),
-      desc.count.load(std::memory_order_relaxed),
-      static_cast<DataType>(desc.dtype.load(std::memory_order_relaxed)),
-      static_cast<ReduceOp>(desc.op.load(std::memory_order_relaxed)),
-      desc.root.load(std::memory_order_relaxed),
-      static_cast<Algorithm>(desc.algorithm.load(std::memory_order_relaxed))};
+  const CollectiveDesc theirs = load_descriptor(desc);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (seq != coll + 1 || desc.seq.load(std::memory_order_relaxed) != seq) return std::nullopt;
   return theirs;

@@ -42,6 +42,16 @@ enum class Algorithm : std::uint32_t {
 };
 const char* to_string(Algorithm a);
 
+/// Why the core runs a collective the caller did not name: the peers'
+/// mismatch messages say so (CommState::describe) instead of naming a call
+/// their user never made. Published in the descriptor's kind word (bits 16
+/// and up); informational: ranks are not compared on it.
+enum class CallPurpose : std::uint32_t {
+  user = 0,      ///< the caller's own collective
+  split = 1,     ///< Communicator::split's allgather of every rank's (color, key)
+  finalize = 2,  ///< Communicator::ifinalize's barrier: the rank is leaving
+};
+
 /// One collective call as this rank sees it.
 struct CollectiveDesc {
   CollectiveKind kind;
@@ -52,6 +62,7 @@ struct CollectiveDesc {
   Algorithm algorithm = Algorithm::ring;
   std::uint64_t vhash = 0;  ///< staged v-collectives: hash of the count vectors
   std::uint64_t aux = 0;    ///< staged alltoallv: this rank's largest block to one peer, bytes
+  CallPurpose purpose = CallPurpose::user;
 };
 
 /// The count and displacement vectors of a v-collective (size() entries

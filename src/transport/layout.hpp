@@ -32,7 +32,7 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    17;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    18;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
@@ -41,7 +41,8 @@ inline constexpr std::uint32_t kLayoutVersion =
          // RankInfo::asymmetric_fence; 13: RankInfo::oversubscribed;
          // 14: p2p withdrawn / taking words, refused verdicts;
          // 15: flight recorders (Header::recorder_entries);
-         // 16: p2p released word; 17: RankArea::refusal, RecorderHead's p2p call
+         // 16: p2p released word; 17: RankArea::refusal, RecorderHead's p2p call;
+         // 18: the call's purpose in Descriptor::kind's bits 16 and up
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -108,7 +109,7 @@ struct alignas(kLine) Counter {
 struct alignas(64) Descriptor {
   std::atomic<std::uint64_t> seq;  // collective sequence number + 1 (0 = none yet)
   std::atomic<std::uint64_t> count;
-  std::atomic<std::uint32_t> kind;
+  std::atomic<std::uint32_t> kind;  // CollectiveKind; bits 16 and up: CallPurpose
   std::atomic<std::uint32_t> dtype;
   std::atomic<std::uint32_t> op;
   std::atomic<std::int32_t> root;

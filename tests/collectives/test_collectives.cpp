@@ -272,6 +272,59 @@ TEST_CASE("split: a color refused on one rank fails every rank, naming split") {
   CHECK(test::all_zero(status));
 }
 
+TEST_CASE("internal collectives are named by what the peer called: split, finalize") {
+  // Rank 0 calls split (whose first step is an allgather of (color, key)),
+  // then ifinalize (a barrier); rank 1 calls allreduce each time. Rank 1's
+  // error names split and finalize, calls its peer made, never the
+  // allgather or barrier inside them.
+  for (bool leave : {false, true}) {
+    CAPTURE(leave);
+    auto status = test::run_ranks(2, [leave](Communicator& c) {
+      std::vector<float> x(4, 1.0f);
+      std::string what;
+      try {
+        if (c.rank() == 1)
+          c.allreduce(std::span<float>(x), ReduceOp::sum);
+        else if (leave)
+          c.ifinalize().wait();
+        else
+          c.split(0, 7);
+        SHMRING_CHILD_CHECK(false, "rank %d: no error", c.rank());
+      } catch (const MismatchError& e) {
+        what = e.what();
+      }
+      if (c.rank() == 1) {
+        if (leave)
+          SHMRING_CHILD_CHECK(what.find("finalize() [the rank is leaving") != std::string::npos &&
+                                  what.find("barrier()") == std::string::npos,
+                              "rank 1: %s", what.c_str());
+        else
+          SHMRING_CHILD_CHECK(what.find("[in split()") != std::string::npos ||
+                                  what.find("[in split(color=0, key=7)") != std::string::npos,
+                              "rank 1: %s", what.c_str());
+      } else if (!leave) {
+        SHMRING_CHILD_CHECK(what.find("in split(color=0, key=7)") != std::string::npos &&
+                                what.find("in split()") == std::string::npos,
+                            "rank 0: %s", what.c_str());
+      }
+    });
+    CHECK(test::all_zero(status));
+  }
+}
+
+TEST_CASE("ifinalize: completes after the pending calls on every rank") {
+  auto status = test::run_ranks(3, [](Communicator& c) {
+    std::vector<float> x(1000, static_cast<float>(c.rank()));
+    Request r = c.iallreduce(x.data(), x.data(), x.size(), DataType::float32, ReduceOp::sum);
+    Request f = c.ifinalize();
+    f.wait();
+    SHMRING_CHILD_CHECK(r.test(), "rank %d: the allreduce before ifinalize is not complete",
+                        c.rank());
+    SHMRING_CHILD_CHECK(x[999] == 3.0f, "rank %d: x = %g", c.rank(), x[999]);
+  });
+  CHECK(test::all_zero(status));
+}
+
 TEST_CASE("split: two groups of a 5-rank world reduce concurrently, each its own sum") {
   auto status = test::run_ranks(5, [](Communicator& world) {
     const int color = world.rank() % 2;                      // {0, 2, 4} and {1, 3}

@@ -53,6 +53,13 @@ def test_mismatch_is_an_error_on_every_rank(tmp):
     assert_all_ok(results)
 
 
+def test_a_rank_leaving_is_named_as_such(tmp):
+    results = run_job("leaving", 2, tmp)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "leaving ok" in out
+
+
 def test_timeouts(tmp):
     results = run_job("timeouts", 2, tmp, env={"SHMRING_TIMEOUT": "3"})
     assert_all_ok(results)

@@ -568,6 +568,22 @@ def scenario_mismatch(rank, size):
     print("mismatch ok", flush=True)
 
 
+def scenario_leaving(rank, size, init_method):
+    """Rank 0 destroys the group while rank 1 still calls all_reduce: rank
+    1's error says that rank 0 is leaving (its finalize), not that it
+    called a barrier rank 1's code never made."""
+    init("shmring", init_method, rank, size)
+    dist.all_reduce(torch.ones(4))
+    if rank == 0:
+        dist.destroy_process_group()
+    else:
+        msg = expect_error(lambda: dist.all_reduce(torch.ones(8)),
+                           "finalize() [the rank is leaving")
+        check("barrier()" not in msg, msg)
+        dist.destroy_process_group()
+    print("leaving ok", flush=True)
+
+
 def scenario_timeouts(rank, size):
     """Work.wait(timeout) gives up without breaking the group; a peer that
     never comes gives shmring's timeout error (SHMRING_TIMEOUT=3) on every
@@ -943,6 +959,9 @@ def main():
         return
     if scenario == "torch_destroy":  # likewise
         scenario_torch_destroy(rank, size, init_method)
+        return
+    if scenario == "leaving":  # likewise
+        scenario_leaving(rank, size, init_method)
         return
     init(backend, init_method, rank, size)
     if scenario == "ddp":
