@@ -429,13 +429,19 @@ def test_environment():
           "expected one free MASTER_PORT for all ranks", p.stdout)
 
 
+def start_creator(jid):
+    """launcher_worker create: rank 0 of 2 of job `jid`, waiting for a rank
+    1 that never comes (no launcher variables of ours leak into it)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
+    return subprocess.Popen([WORKER, "create", jid], env=env)
+
+
 def test_status_while_starting():
     """--status shows a job whose ranks have not all attached yet: rank 0
     waits in its constructor for rank 1, which never comes."""
     jid = job_id()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
-    creator = subprocess.Popen([WORKER, "create", jid], env=env)
+    creator = start_creator(jid)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -464,9 +470,7 @@ def test_list_cleanup():
     # A segment is stale once its creator (rank 0) died before every rank
     # attached: here rank 1 of 2 never comes, and rank 0 is SIGKILLed.
     jid = job_id()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SHMRING_") and k not in ("RANK", "WORLD_SIZE")}
-    creator = subprocess.Popen([WORKER, "create", jid], env=env)
+    creator = start_creator(jid)
     try:
         # Wait until the creator has filled the header and holds its lock.
         deadline = time.monotonic() + 20
