@@ -117,17 +117,22 @@ std::string CommState::describe(const CollectiveDesc& d) const {
 void CommState::check_progress(int peer, const char* what, Clock::time_point deadline,
                                const detail::Counter& counter, std::uint64_t target) {
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
-  std::string where = current
-                          ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
-                                        step < 0 ? ", at its start, step 0: before any data moved"
-                                                 : fmt::format(", step {}", step))
-                          : "";
+  // Settling a refusal (settle_refusal), no call is in flight: the
+  // awaited collective is the refused one.
+  const std::uint64_t awaited = current || refused == 0 ? collectives : refused - 1;
+  std::string where =
+      current        ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
+                            step < 0 ? ", at its start, step 0: before any data moved"
+                                            : fmt::format(", step {}", step))
+             : refused != 0 ? fmt::format("collective #{}, which this rank refused", awaited)
+                     : "";
   if (!seg->rank_alive(peer)) {
     if (counter.value.load(std::memory_order_acquire) >= target) return;
     bool clean = area(peer).info.state.load(std::memory_order_acquire) == detail::kRankFinalized;
-    std::string msg = fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited for {} in {}",
-                                  rank, peer, area(peer).info.pid.load(),
-                                  clean ? "destroyed its communicator" : "died", rank, what, where);
+    std::string msg =
+        fmt::format("rank {}: rank {} (pid {}) {} while rank {} waited for {}{}", rank, peer,
+                    area(peer).info.pid.load(), clean ? "destroyed its communicator" : "died", rank,
+                    what, where.empty() ? "" : " in " + where);
     fail(PeerFailureError(with_diagnosis(std::move(msg))));
   }
   if (Clock::now() >= deadline) {
@@ -135,15 +140,14 @@ void CommState::check_progress(int peer, const char* what, Clock::time_point dea
     // started this collective, the usual culprits, not just our neighbour.
     std::string late;
     for (int r = 0; r < size; ++r)
-      if (area(r).announced.value.load(std::memory_order_acquire) < collectives + 1)
+      if (area(r).announced.value.load(std::memory_order_acquire) < awaited + 1)
         late += fmt::format("{}{}", late.empty() ? "" : ", ", r);
     fail(TimeoutError(with_diagnosis(fmt::format(
-        "rank {}: timed out after {} s waiting for {} of rank {} in {}{} (SHMRING_TIMEOUT sets "
+        "rank {}: timed out after {} s waiting for {} of rank {}{}{} (SHMRING_TIMEOUT sets "
         "the limit)",
-        rank, config.timeout_s, what, peer, where,
-        late.empty()
-            ? ""
-            : fmt::format("; rank(s) {} never started collective #{}", late, collectives)))));
+        rank, config.timeout_s, what, peer, where.empty() ? "" : " in " + where,
+        late.empty() ? ""
+                     : fmt::format("; rank(s) {} never started collective #{}", late, awaited)))));
   }
 }
 
@@ -554,6 +558,20 @@ std::optional<CollectiveDesc> CommState::read_descriptor(int peer, std::uint64_t
   return theirs;
 }
 
+std::optional<std::string> CommState::refusal_conflict(int q, std::uint64_t coll) {
+  const std::optional<CollectiveDesc> theirs = read_descriptor(q, coll);
+  if (theirs && theirs->kind == CollectiveKind::invalid) return std::nullopt;
+  // q called it (or, torn or overwritten, something else). "rank R made an
+  // invalid call" are the words rethrow_abort looks for.
+  return fmt::format(
+      "rank {}: collective mismatch: rank {} called {} but rank {} made an invalid call (it "
+      "refused its arguments: {})",
+      rank, q,
+      theirs ? fmt::format("collective #{} {}", coll, describe(*theirs))
+             : std::string("a different collective"),
+      rank, refused_reason);
+}
+
 void CommState::settle_refusal() {
   // A peer that called the refused collective validly either waits for this
   // rank (and fails on reading the refusal: check_descriptor) or, on an
@@ -565,25 +583,35 @@ void CommState::settle_refusal() {
   const std::uint64_t coll = refused - 1;
   for (int q = 0; q < size; ++q) {
     if (q == rank) continue;
-    wait_counter(area(q).announced, coll + 1, q, "the start of a collective this rank refused");
-    const std::optional<CollectiveDesc> theirs = read_descriptor(q, coll);
-    if (theirs && theirs->kind == CollectiveKind::invalid) continue;
-    // q called it (or, torn or overwritten, something else). "rank R made
-    // an invalid call" are the words rethrow_abort looks for.
-    const std::string msg = fmt::format(
-        "rank {}: collective mismatch: rank {} called {} but rank {} made an invalid call (it "
-        "refused its arguments: {}); every rank's next call that meets rank {} fails",
-        rank, q,
-        theirs ? fmt::format("collective #{} {}", coll, describe(*theirs))
-               : std::string("a different collective"),
-        rank, refused_reason, rank);
-    detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::mismatch), rank, msg);
+    wait_counter(area(q).announced, coll + 1, q, "the start");
+    const std::optional<std::string> msg = refusal_conflict(q, coll);
+    if (!msg) continue;
+    detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::mismatch), rank, *msg);
     auto a = detail::read_abort(seg->header());
     rethrow_abort(
-        a ? *a : detail::AbortInfo{static_cast<std::uint32_t>(ErrorCode::mismatch), rank, msg});
+        a ? *a : detail::AbortInfo{static_cast<std::uint32_t>(ErrorCode::mismatch), rank, *msg});
   }
   refused = 0;  // every rank refused it: nothing ran, nothing is owed
   refused_reason.clear();
+}
+
+void CommState::settle_refusal_at_exit() noexcept {
+  // As settle_refusal, without waiting: a peer that has not started the
+  // refused call yet will find this rank gone instead.
+  if (refused == 0 || broken || seg == nullptr || seg->forked_away()) return;
+  const std::uint64_t coll = refused - 1;
+  try {
+    for (int q = 0; q < size; ++q) {
+      if (q == rank || area(q).announced.value.load(std::memory_order_acquire) < coll + 1) continue;
+      if (const std::optional<std::string> msg = refusal_conflict(q, coll)) {
+        detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::mismatch), rank,
+                            *msg);
+        return;
+      }
+    }
+  } catch (...) {
+    // Leaving anyway: the peers then find this rank gone.
+  }
 }
 
 }  // namespace shmring

@@ -305,6 +305,13 @@ struct CommState {
   /// an eager scatter root or gather non-root, staged_eager.cpp) and throws
   /// AbortedError, this rank's first error having been its own refusal.
   void settle_refusal();
+  /// At destruction: settles a refused call that some peer already ran (an
+  /// eager root that returned), without waiting, so that the peer's next
+  /// call names the refusal rather than a departed rank.
+  void settle_refusal_at_exit() noexcept;
+  /// The abort reason when peer `q` called collective `coll`, which this
+  /// rank refused; nullopt when q refused it too.
+  std::optional<std::string> refusal_conflict(int q, std::uint64_t coll);
   /// Peer's descriptor of collective `coll`, or nullopt when its entry holds
   /// another collective or was torn by a rewrite. Call after an acquire of
   /// one of peer's counters that follows its announcement of `coll`.

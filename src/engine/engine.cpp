@@ -177,6 +177,7 @@ Communicator::Impl::~Impl() {
     (void)engine.release();
   }
   engine.reset();  // drains and joins while the segment is still mapped
+  settle_refusal_at_exit();
 }
 
 namespace detail {

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -154,6 +155,37 @@ TEST_CASE("a refused eager scatter or gather fails the next call on every rank")
           120, slow_timeout());
       CHECK(test::all_zero(status));
     }
+}
+
+// The refusing rank destroys its communicator after refusing a small
+// scatter whose root has returned (a message from the root says so): the
+// root's next call names the refused scatter, not only a departed rank.
+TEST_CASE("a refusal is settled when the refusing rank destroys its communicator") {
+  const std::string job = test::unique_job_id("rejx");
+  auto status = test::run_processes(2, [&](int r) {
+    Options o = slow_timeout();
+    o.rank = r;
+    o.world_size = 2;
+    o.job_id = job;
+    auto c = std::make_unique<Communicator>(o);
+    std::vector<float> all = values(r, 8), mine(4);
+    if (r == 1) {
+      expect_throw<InvalidArgumentError>(
+          r, [&] { c->reject_call("scatter", "out: read-only"); }, "out: read-only");
+      int started = 0;
+      c->recv(&started, 1, DataType::int32, 0, 0);
+      c.reset();
+      return;
+    }
+    c->scatter(all.data(), mine.data(), 4, DataType::float32, 0);  // eager: returns
+    int started = 1;
+    c->send(&started, 1, DataType::int32, 1, 0);
+    std::vector<float> x = values(r, 4);
+    expect_throw<MismatchError>(
+        r, [&] { c->allreduce(std::span<float>(x), ReduceOp::sum); },
+        "rank 1 made an invalid call (it refused its arguments: rank 1: scatter: out: read-only)");
+  });
+  CHECK(test::all_zero(status));
 }
 
 // Every rank that refused a call another rank ran hears the same thing next:
