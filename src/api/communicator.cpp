@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "api/front_checks.hpp"
@@ -408,17 +409,15 @@ Communicator Communicator::split(int color, int key) {
   try {
     c.execute(gather_keys);
   } catch (const Error& e) {
-    // This rank's own words: with color and key where describe() said
-    // "in split()", else (a timeout, a dead peer) appended.
-    std::string msg = e.what();
-    const std::string bare = "in split()";
-    const std::string full = fmt::format("in split(color={}, key={})", color, key);
-    if (auto at = msg.find(bare); at != std::string::npos)
-      msg.replace(at, bare.size(), full);
-    else
-      msg +=
-          fmt::format(" [{}, whose first step is an allgather of every rank's (color, key)]", full);
-    throw_error(e.code(), msg, e.sys_errno());
+    // A mismatch names split already (describe(), on every rank in the same
+    // words: docs/guide/errors.md); other errors (a timeout, a dead peer)
+    // get the context here.
+    if (std::string_view(e.what()).find("in split()") != std::string_view::npos) throw;
+    throw_error(e.code(),
+                fmt::format("{} [in split(color={}, key={}), whose first step is an allgather "
+                            "of every rank's (color, key)]",
+                            e.what(), color, key),
+                e.sys_errno());
   }
   std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
   for (int q = 0; q < c.size; ++q)
