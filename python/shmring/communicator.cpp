@@ -86,6 +86,19 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
       }
       if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
       throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
+    } catch (const py::type_error& e) {
+      // An argument of the wrong type (from_py): told to the peers without
+      // repeating the collective's name, raised with the rank first.
+      if (t_core_reached || self.closed()) throw;
+      std::string m = e.what();
+      const std::string prefix = std::string(what) + ": ";
+      if (m.rfind(prefix, 0) == 0) m.erase(0, prefix.size());
+      try {
+        self.get().reject_call(what, m);
+      } catch (const Error&) {
+        // Published (or the communicator is broken and the peers know).
+      }
+      throw py::type_error(fmt::format("rank {}: {}: {}", self.rank(), what, m));
     } catch (...) {
       if (t_core_reached || self.closed()) throw;
       std::string why = "refused by the Python bindings";
@@ -141,18 +154,18 @@ struct Signature {
 };
 
 constexpr Signature kSignatures[] = {
-    {"allreduce", "buffer, op=ReduceOp.sum, *, out=None, async_op=False"},
-    {"reduce_scatter", "send, out, op=ReduceOp.sum, *, async_op=False"},
+    {"allreduce", "buffer, op=ReduceOp.SUM, *, out=None, async_op=False"},
+    {"reduce_scatter", "send, out, op=ReduceOp.SUM, *, async_op=False"},
     {"allgather", "send, out, *, async_op=False"},
     {"broadcast", "buffer, root=0, *, async_op=False"},
-    {"reduce", "buffer, op=ReduceOp.sum, root=0, *, out=None, async_op=False"},
+    {"reduce", "buffer, op=ReduceOp.SUM, root=0, *, out=None, async_op=False"},
     {"alltoall", "send, out, *, async_op=False"},
     {"alltoallv",
      "send, send_counts, out, recv_counts, send_displs=None, recv_displs=None, *, async_op=False"},
     {"gather", "send, out=None, root=0, *, async_op=False"},
     {"scatter", "send, out, root=0, *, async_op=False"},
     {"allgatherv", "send, out, recv_counts, displs=None, *, async_op=False"},
-    {"reduce_scatter_v", "send, out, recv_counts, op=ReduceOp.sum, *, async_op=False"},
+    {"reduce_scatter_v", "send, out, recv_counts, op=ReduceOp.SUM, *, async_op=False"},
     {"barrier", "*, async_op=False"},
     {"split", "color, key=0"},
 };
