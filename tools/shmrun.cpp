@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -170,7 +171,16 @@ CLI::Validator in_range(T lo, T hi, T multiple_of = T{}) {
   return CLI::Validator(
       [lo, hi, multiple_of, want](std::string& v) -> std::string {
         T x{};
-        bool ok = CLI::detail::lexical_cast(v, x) && x >= lo && x <= hi;
+        bool ok;
+        if constexpr (std::is_integral_v<T>) {
+          // Decimal only ("010" is ten, not CLI11's octal eight): the value
+          // is handed on in canonical form.
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+          ok = ec == std::errc() && end == v.data() + v.size() && x >= lo && x <= hi;
+          if (ok) v = std::to_string(x);
+        } else {
+          ok = CLI::detail::lexical_cast(v, x) && x >= lo && x <= hi;
+        }
         if constexpr (std::is_integral_v<T>)
           ok = ok && (multiple_of == T{} || x % multiple_of == 0);
         return ok ? "" : fmt::format("'{}': {}", v, want);
@@ -201,7 +211,7 @@ int main(int argc, char** argv) {
 
   auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
                             "Number of worker processes (ranks); mpirun's -np works too")
-                 ->check(in_range(1, 4096));
+                 ->transform(in_range(1, 4096));
   app.add_flag("--tag-output", spec.tag_output,
                "Prefix every line of stdout and stderr with '[rank] '");
   app.add_option("--bind-to", bind_to,
@@ -212,21 +222,21 @@ int main(int argc, char** argv) {
                "Print each rank's pid and cores to stderr");
   app.add_option("--timeout", spec.timeout_s,
                  "Seconds the whole job may run; then it is terminated and shmrun exits 124")
-      ->check(in_range(0.001, 1e9));
+      ->transform(in_range(0.001, 1e9));
   app.add_option("--grace", spec.grace_s, "Seconds between SIGTERM and SIGKILL on teardown")
-      ->check(in_range(0.0, 3600.0))
+      ->transform(in_range(0.0, 3600.0))
       ->capture_default_str();
   app.add_option("-x", exports,
                  "VAR=VALUE (or VAR: its current value) for every worker; repeatable")
       ->allow_extra_args(false)
       ->type_name("VAR=VALUE");
   app.add_option("--threads", threads, "Reduction threads per rank (SHMRING_THREADS)")
-      ->check(in_range(1, 1024));
+      ->transform(in_range(1, 1024));
   app.add_option("--slots", slots, "Ring slots per rank (SHMRING_SLOTS)")
-      ->check(in_range(2, 62));  // the library's range (its descriptor ring holds 64)
+      ->transform(in_range(2, 62));  // the library's range (its descriptor ring holds 64)
   app.add_option("--slot-bytes", slot_bytes,
                  "Bytes per slot, a multiple of 4096 (SHMRING_SLOT_BYTES)")
-      ->check(in_range(std::size_t{4096}, std::size_t{1} << 30, std::size_t{4096}));
+      ->transform(in_range(std::size_t{4096}, std::size_t{1} << 30, std::size_t{4096}));
   app.add_option("--job-id", spec.job_id,
                  "Job id shared by the ranks (default: random); names the segment")
       ->check(CLI::Validator(

@@ -514,7 +514,9 @@ def test_usage_errors():
              # Not a number at all: said so (and never a crash).
              (["-n", "abc", "true"], "'abc': expected an integer from 1 to 4096"),
              (["--timeout", "soon", "-n", "1", "true"], "'soon': expected a number"),
-             (["--slot-bytes", "big", "-n", "1", "true"], "'big': expected a multiple of 4096")]
+             (["--slot-bytes", "big", "-n", "1", "true"], "'big': expected a multiple of 4096"),
+             # Decimal, not octal: 010000 is ten thousand, no multiple of 4096.
+             (["--slot-bytes", "010000", "-n", "1", "true"], "10000': expected a multiple")]
     for args, word in cases:
         p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
         check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
