@@ -37,14 +37,6 @@ void read_token(CommState& c) {
   c.wait_recv_slot();
   c.release_recv();
 }
-// Along a chain a rank meets only its left neighbour's descriptor, so ranks
-// that agree on a root that others disagree with would return its data.
-// Every rank's descriptor is checked at the end (each was announced at its
-// rank's start, so the wait is short): a mismatch fails every rank.
-void check_every_rank(CommState& c) {
-  for (int q = 0; q < c.size; ++q)
-    if (q != c.rank) c.wait_announced(q);
-}
 }  // namespace
 
 void broadcast_chain(CommState& c, void* buffer, std::size_t count, DataType dtype, int root) {
@@ -55,6 +47,12 @@ void broadcast_chain(CommState& c, void* buffer, std::size_t count, DataType dty
   const std::size_t slices = slices_for(count, slice_elems);
   auto* buf = static_cast<std::byte*>(buffer);
   if (pos == n - 1) write_token(c);
+  // Along a chain a rank meets only its neighbours' descriptors, so ranks
+  // that agree on a root others disagree with would return its data. So
+  // every rank's call is checked: by a receiver before the first slice
+  // lands in its buffer (a receiver that fails returns with its buffer as
+  // it was), by the root, which writes nothing, at the end.
+  if (pos != 0) c.wait_every_announced();
   for (std::size_t q = 0; q < slices; ++q) {
     c.step = static_cast<int>(q);
     const std::size_t begin = std::min(count, q * slice_elems);
@@ -76,8 +74,10 @@ void broadcast_chain(CommState& c, void* buffer, std::size_t count, DataType dty
       c.release_recv();
     }
   }
-  if (pos == 0) read_token(c);
-  check_every_rank(c);
+  if (pos == 0) {
+    read_token(c);
+    c.wait_every_announced();
+  }
 }
 
 void reduce_chain(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
@@ -111,7 +111,9 @@ void reduce_chain(CommState& c, const void* send, void* recv, std::size_t count,
     }
   }
   if (pos == 1) read_token(c);
-  check_every_rank(c);
+  // As broadcast_chain's check: ranks that agree on another root would
+  // otherwise return their reduction.
+  c.wait_every_announced();
 }
 
 }  // namespace shmring::algo

@@ -40,11 +40,6 @@ namespace shmring::algo {
 
 namespace {
 
-void wait_all(CommState& c) {
-  for (int q = 0; q < c.size; ++q)
-    if (q != c.rank) c.wait_announced(q);
-}
-
 const std::byte* buffer_of(CommState& c, int q) {
   return c.seg->direct(q, c.collectives % detail::kDirectBuffers);
 }
@@ -69,7 +64,7 @@ void allreduce_direct(CommState& c, const void* send, void* recv, std::size_t co
                       ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);
-  wait_all(c);
+  c.wait_every_announced();
   if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
 }
 
@@ -77,7 +72,7 @@ void reduce_scatter_direct(CommState& c, const void* send, void* recv, std::size
                            DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, static_cast<std::size_t>(c.size) * recv_count * es);
-  wait_all(c);
+  c.wait_every_announced();
   if (recv_count > 0)
     reduce_all(c, static_cast<std::byte*>(recv), static_cast<std::size_t>(c.rank) * recv_count * es,
                recv_count, dtype, op);
@@ -87,7 +82,7 @@ void allgather_direct(CommState& c, const void* send, void* recv, std::size_t se
                       DataType dtype) {
   const std::size_t bytes = send_count * datatype_size(dtype);
   publish_data(c, send, bytes);
-  wait_all(c);
+  c.wait_every_announced();
   auto* out = static_cast<std::byte*>(recv);
   for (int q = 0; q < c.size; ++q) {
     std::byte* dst = out + static_cast<std::size_t>(q) * bytes;
@@ -99,13 +94,13 @@ void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dt
   const std::size_t bytes = count * datatype_size(dtype);
   if (c.rank == root) {
     publish_data(c, buffer, bytes);
-    wait_all(c);
+    c.wait_every_announced();
   } else {
     c.acquire_direct_buffer();  // keeps every rank's pace bounded the same way
     c.announce();
     // Every rank, not just the root: ranks that agree with each other on a
     // root that others disagree with must fail too, not return its data.
-    wait_all(c);
+    c.wait_every_announced();
     if (bytes > 0) c.copy(buffer, buffer_of(c, root), bytes);
   }
 }
@@ -115,17 +110,17 @@ void reduce_direct(CommState& c, const void* send, void* recv, std::size_t count
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);
   if (c.rank == root) {
-    wait_all(c);
+    c.wait_every_announced();
     if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
   } else {
-    wait_all(c);  // as in broadcast_direct: a root mismatch fails every rank
+    c.wait_every_announced();  // as in broadcast_direct: a root mismatch fails every rank
   }
 }
 
 void barrier_direct(CommState& c) {
   c.acquire_direct_buffer();
   c.announce();
-  wait_all(c);
+  c.wait_every_announced();
 }
 
 // ---------------------------------------------------------------------------
@@ -146,7 +141,7 @@ void allreduce_two_shot(CommState& c, const void* send, void* recv, std::size_t 
                         DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
   publish_data(c, send, count * es);
-  wait_all(c);
+  c.wait_every_announced();
   auto* out = static_cast<std::byte*>(recv);
   const detail::Range mine = detail::chunk_range(count, c.size, c.rank);
   if (mine.count > 0) {

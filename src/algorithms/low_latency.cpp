@@ -193,11 +193,13 @@ void allgather_low_latency(CommState& c, const void* send, void* recv, std::size
                            DataType dtype) {
   const std::size_t bytes = count * datatype_size(dtype);
   publish_line(c, send, bytes);
-  auto* out = static_cast<std::byte*>(recv);
-  // In place (send == recv + rank * bytes) this copies nothing.
-  if (bytes > 0) std::memmove(out + c.rank * bytes, send, bytes);
   wait_all_lines(c);
   if (bytes == 0) return;
+  // Our own block too only once every line was checked: a rank that fails
+  // returns with `recv` as it was. In place (send == recv + rank * bytes)
+  // this copies nothing.
+  auto* out = static_cast<std::byte*>(recv);
+  std::memmove(out + c.rank * bytes, send, bytes);
   const std::size_t parity = c.collectives % 2;
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank) std::memcpy(out + q * bytes, c.area(q).low_latency[parity].data, bytes);
@@ -208,11 +210,10 @@ void alltoall_low_latency(CommState& c, const void* send, void* recv, std::size_
   // The line carries our whole send buffer; each peer takes its block.
   const std::size_t bytes = count * datatype_size(dtype);
   publish_line(c, send, bytes * static_cast<std::size_t>(c.size));
-  auto* out = static_cast<std::byte*>(recv);
-  if (bytes > 0)
-    std::memcpy(out + c.rank * bytes, static_cast<const std::byte*>(send) + c.rank * bytes, bytes);
   wait_all_lines(c);
   if (bytes == 0) return;
+  auto* out = static_cast<std::byte*>(recv);  // own block last, as allgather's
+  std::memcpy(out + c.rank * bytes, static_cast<const std::byte*>(send) + c.rank * bytes, bytes);
   const std::size_t parity = c.collectives % 2;
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank)
@@ -236,9 +237,10 @@ void alltoallv_low_latency(CommState& c, const void* send, void* recv, const Vec
   auto* out = static_cast<std::byte*>(recv);
   const std::size_t to_peer = v.send_counts[peer] * es, own = v.send_counts[me] * es;
   publish_line(c, to_peer > 0 ? in + v.send_displs[peer] * es : nullptr, to_peer);
-  // The front keeps send and recv apart (no in-place form).
-  if (own > 0) std::memcpy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, own);
   wait_all_lines(c);
+  // Own block last, as allgather's. The front keeps send and recv apart (no
+  // in-place form).
+  if (own > 0) std::memcpy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, own);
   const std::size_t from_peer = v.recv_counts[peer] * es;  // = the peer's to_peer (checked)
   if (from_peer > 0)
     std::memcpy(out + v.recv_displs[peer] * es, c.area(peer).low_latency[c.collectives % 2].data,
@@ -250,10 +252,11 @@ void allgatherv_low_latency(CommState& c, const void* send, void* recv, const Ve
   const std::size_t es = datatype_size(dtype);
   const std::size_t bytes = v.recv_counts[c.rank] * es;
   publish_line(c, send, bytes);
-  auto* out = static_cast<std::byte*>(recv);
-  // In place (send == recv + displs[rank]) this copies nothing.
-  if (bytes > 0) std::memmove(out + v.recv_displs[c.rank] * es, send, bytes);
   wait_all_lines(c);
+  // Own block last, as allgather's. In place (send == recv + displs[rank])
+  // this copies nothing.
+  auto* out = static_cast<std::byte*>(recv);
+  if (bytes > 0) std::memmove(out + v.recv_displs[c.rank] * es, send, bytes);
   const std::size_t parity = c.collectives % 2;
   for (int q = 0; q < c.size; ++q)
     if (q != c.rank && v.recv_counts[q] > 0)

@@ -48,6 +48,7 @@ namespace shmring::algo {
 namespace {
 
 using detail::Range;
+
 using detail::ring_mod;
 
 struct RingPass {
@@ -184,6 +185,11 @@ void allgather_ring(CommState& c, const void* send, void* recv, std::size_t send
                return Range{static_cast<std::size_t>(k) * send_count, send_count};
              }};
   const std::size_t rounds = rounds_for(p, send_count);
+  // A ring rank checks only its neighbours' calls, and an allgather's first
+  // read lands in `out`: so every rank's call is checked first, and a rank
+  // that fails (a peer refused the call, say) returns with `out` as it was.
+  // A wait for every rank to start, which the first round needs anyway.
+  c.wait_every_announced();
   for (std::size_t q = 0; q < rounds; ++q)
     p.allgather_round(q, static_cast<std::byte*>(recv), static_cast<const std::byte*>(send),
                       /*first_done=*/false);
@@ -200,6 +206,11 @@ void allgatherv_ring(CommState& c, const void* send, void* recv, const VectorArg
              }};
   const std::size_t rounds =
       rounds_for(p, *std::max_element(v.recv_counts.begin(), v.recv_counts.end()));
+  // A ring rank checks only its neighbours' calls, and an allgather's first
+  // read lands in `out`: so every rank's call is checked first, and a rank
+  // that fails (a peer refused the call, say) returns with `out` as it was.
+  // A wait for every rank to start, which the first round needs anyway.
+  c.wait_every_announced();
   for (std::size_t q = 0; q < rounds; ++q)
     p.allgather_round(q, static_cast<std::byte*>(recv), static_cast<const std::byte*>(send),
                       /*first_done=*/false);

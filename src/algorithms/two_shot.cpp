@@ -79,8 +79,7 @@ void allreduce_two_shot_rounds(CommState& c, const void* send, void* recv, std::
   auto half = [&](int q, std::uint64_t j) { return c.seg->slot(q, 0) + (j % 2) * half_bytes; };
 
   c.announce();
-  for (int q = 0; q < n; ++q)
-    if (q != me) c.wait_announced(q);
+  c.wait_every_announced();
   // Every rank has finished the previous collective, so the right
   // neighbour has read all our ring slices (as Rounds::plan in staged.cpp).
   if (rounds > 0 && c.ring.sent > 0)

@@ -331,6 +331,11 @@ void CommState::wait_announced(int peer) {
   check_descriptor(peer);
 }
 
+void CommState::wait_every_announced() {
+  for (int q = 0; q < size; ++q)
+    if (q != rank) wait_announced(q);
+}
+
 std::byte* CommState::acquire_direct_buffer() {
   // Buffer (c mod 2) was last read in collective c-2: every rank must have
   // finished that one.

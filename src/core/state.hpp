@@ -266,6 +266,9 @@ struct CommState {
   void check_descriptor(int peer);
   /// Waits for peer's announcement of this collective, then checks it.
   void wait_announced(int peer);
+  /// wait_announced for every peer: once it returns, every rank runs this
+  /// collective as we do (else it threw, on every rank in time).
+  void wait_every_announced();
   /// Direct path: waits until every rank finished collective-2, so that our
   /// direct buffer (collective mod 2) may be overwritten; returns it.
   std::byte* acquire_direct_buffer();

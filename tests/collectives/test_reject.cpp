@@ -157,6 +157,77 @@ TEST_CASE("a refused eager scatter or gather fails the next call on every rank")
     }
 }
 
+// A rank that fails a collective because a peer refused it returns with its
+// output as it was: the own block, which never travels, is copied only once
+// every peer's call was checked, and nothing else lands before that either
+// (a gather's root or a ring rank takes no peer's block first). Each
+// collective at the sizes of its paths (one line, a direct buffer or eager
+// entry, staged rounds or the ring); the gather's root is rank 0.
+TEST_CASE("a peer's refusal leaves the failing ranks' outputs untouched") {
+  const char* names[] = {"allgather", "alltoall",       "allgatherv", "alltoallv",
+                         "gather",    "reduce_scatter", "broadcast"};
+  for (int refuser : {1, 2})
+    for (const char* name : names)
+      for (std::size_t count : {std::size_t{2}, std::size_t{600}, std::size_t{100000}}) {
+        const std::string label = std::string(name) + " of " + std::to_string(count) +
+                                  ", refused by rank " + std::to_string(refuser);
+        CAPTURE(label);
+        auto status = test::run_ranks(
+            3,
+            [name, count, refuser](Communicator& c) {
+              const int r = c.rank(), n = c.size();
+              const std::string what = name;
+              const std::size_t all = count * static_cast<std::size_t>(n);
+              std::vector<float> send = values(r, all);
+              std::vector<float> out(all, -7.0f);
+              const std::vector<std::size_t> counts(n, count);
+              std::vector<std::size_t> displs(n);
+              for (int j = 0; j < n; ++j) displs[j] = count * static_cast<std::size_t>(j);
+              if (r == refuser) {
+                expect_throw<InvalidArgumentError>(
+                    r, [&] { c.reject_call(name, "out: read-only"); }, "out: read-only");
+                return;
+              }
+              bool failed = false;
+              try {
+                if (what == "allgather")
+                  c.allgather(send.data(), out.data(), count, DataType::float32);
+                else if (what == "alltoall")
+                  c.alltoall(send.data(), out.data(), count, DataType::float32);
+                else if (what == "allgatherv")
+                  c.allgatherv(send.data(), count, out.data(), counts, displs, DataType::float32);
+                else if (what == "alltoallv")
+                  c.alltoallv(send.data(), counts, displs, out.data(), counts, displs,
+                              DataType::float32);
+                else if (what == "gather")
+                  c.gather(send.data(), r == 0 ? out.data() : nullptr, count, DataType::float32, 0);
+                else if (what == "reduce_scatter")
+                  c.reduce_scatter(send.data(), out.data(), count, DataType::float32,
+                                   ReduceOp::sum);
+                else
+                  c.broadcast(r == 0 ? send.data() : out.data(), all, DataType::float32, 0);
+              } catch (const MismatchError& e) {
+                SHMRING_CHILD_CHECK(
+                    std::string(e.what()).find(fmt_rank_invalid(refuser)) != std::string::npos,
+                    "rank %d: %s", r, e.what());
+                failed = true;
+              }
+              // An eager gather's non-root and a broadcast's root may return
+              // and fail at their next call instead.
+              if (!failed) {
+                SHMRING_CHILD_CHECK((what == "gather" && r != 0) || (what == "broadcast" && r == 0),
+                                    "rank %d: %s did not fail", r, name);
+                return;
+              }
+              for (std::size_t i = 0; i < all; ++i)
+                SHMRING_CHILD_CHECK(out[i] == -7.0f, "rank %d: %s wrote out[%zu] = %g", r, name, i,
+                                    out[i]);
+            },
+            120, slow_timeout());
+        CHECK(test::all_zero(status));
+      }
+}
+
 // The refusing rank destroys its communicator after refusing a small
 // scatter whose root has returned (a message from the root says so): the
 // root's next call names the refused scatter, not only a departed rank.

@@ -224,8 +224,7 @@ std::uint64_t staged_pair_hash(int rank, const std::vector<std::size_t>& send_co
 // descriptor: a root or count mismatch fails every rank.
 void announce_and_check(CommState& c) {
   c.announce();
-  for (int q = 0; q < c.size; ++q)
-    if (q != c.rank) c.wait_announced(q);
+  c.wait_every_announced();
 }
 
 const detail::Descriptor& desc_of(CommState& c, int q) {

@@ -17,8 +17,13 @@ void alltoall_staged(CommState& c, const void* send, void* recv, std::size_t cou
   const std::size_t bytes = count * datatype_size(dtype);
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  if (bytes > 0) c.copy(out + me * bytes, in + me * bytes, bytes);
-  if (n == 1) return;
+  // Our own block never travels. It is copied once every peer's call was
+  // checked (run_rounds' `local`), so a rank that fails there returns with
+  // `recv` as it was.
+  auto copy_own = [&] {
+    if (bytes > 0) c.copy(out + me * bytes, in + me * bytes, bytes);
+  };
+  if (n == 1) return copy_own();
   Rounds r(c, n - 1);
   run_rounds(
       c, r, true, true, everyone, bytes, nullptr, [&] { return bytes; },
@@ -37,7 +42,7 @@ void alltoall_staged(CommState& c, const void* send, void* recv, std::size_t cou
             c.copy(out + w * bytes + s.begin, r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
           }
       },
-      nullptr,
+      copy_own,
       [&] {
         for (int t = 1; t < n; ++t) {
           const int w = (me - t + n) % n;
@@ -53,9 +58,11 @@ void alltoallv_staged(CommState& c, const void* send, void* recv, const VectorAr
   const std::size_t es = datatype_size(dtype);
   const auto* in = static_cast<const std::byte*>(send);
   auto* out = static_cast<std::byte*>(recv);
-  if (v.send_counts[me] > 0)
-    c.copy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, v.send_counts[me] * es);
-  if (n == 1) return;
+  auto copy_own = [&] {  // once the calls were checked, as alltoall_staged's
+    if (v.send_counts[me] > 0)
+      c.copy(out + v.recv_displs[me] * es, in + v.send_displs[me] * es, v.send_counts[me] * es);
+  };
+  if (n == 1) return copy_own();
   std::size_t my_largest = 0;
   for (int j = 0; j < n; ++j)
     if (j != me) my_largest = std::max(my_largest, v.send_counts[j] * es);
@@ -87,7 +94,7 @@ void alltoallv_staged(CommState& c, const void* send, void* recv, const VectorAr
                    r.await(w, k) + lane_index(w, me, n) * lane, s.bytes);
         }
       },
-      nullptr,
+      copy_own,
       [&] {
         // Writer w's block for me starts after its blocks for ranks 0..me-1:
         // their counts are in its header (send_counts first).
@@ -111,16 +118,16 @@ void gather_staged(CommState& c, const void* send, void* recv, std::size_t count
       c.copy(out + root * bytes, send, bytes);
   };
   if (n == 1) return copy_own();
+  // The root copies its own block once every peer's call was checked, so a
+  // root that fails returns with `recv` as it was.
   if (eager_ring_fits(c, CollectiveKind::gather, bytes)) {
-    copy_own();
     gather_eager_ring(c, send, out, bytes, root);
-    return;
+    return copy_own();
   }
   Rounds r(c, 1);
   if (bytes <= r.lane_inline()) {
-    copy_own();
     gather_eager(c, send, out, bytes, root);
-    return;
+    return copy_own();
   }
   run_rounds(
       c, r, me != root, me == root, [root](int q) { return q == root; }, bytes, nullptr,
@@ -226,8 +233,10 @@ void allgather_rounds(CommState& c, const void* send, void* recv, Bytes bytes, A
   const int n = c.size, me = c.rank;
   const std::size_t my_bytes = bytes(me);
   auto* out = static_cast<std::byte*>(recv);
-  if (my_bytes > 0 && out + at(me) != send) c.copy(out + at(me), send, my_bytes);
-  if (n == 1) return;
+  auto copy_own = [&] {  // once the calls were checked, as alltoall_staged's
+    if (my_bytes > 0 && out + at(me) != send) c.copy(out + at(me), send, my_bytes);
+  };
+  if (n == 1) return copy_own();
   Rounds r(c, 1, header_bytes);
   run_rounds(
       c, r, true, true, everyone, my_bytes, header, [&] { return largest(r); },
@@ -242,7 +251,7 @@ void allgather_rounds(CommState& c, const void* send, void* recv, Bytes bytes, A
           if (s.bytes > 0) c.copy(out + at(w) + s.begin, r.await(w, k), s.bytes);
         }
       },
-      nullptr,
+      copy_own,
       [&] {
         for (int t = 1; t < n; ++t) {
           const int w = (me - t + n) % n;

@@ -79,11 +79,13 @@ void gather_eager(CommState& c, const void* send, std::byte* out, std::size_t by
     eager_state(c).reader[parity] = root;
   } else {
     c.announce();
-    for (int t = 1; t < n; ++t) {
-      const int w = (me + t) % n;
-      c.wait_announced(w);
-      if (bytes > 0) c.copy(out + w * bytes, c.seg->direct(w, parity), bytes);
-    }
+    // Every call is checked before any block is copied (as gather_eager_ring).
+    for (int t = 1; t < n; ++t) c.wait_announced((me + t) % n);
+    if (bytes > 0)
+      for (int t = 1; t < n; ++t) {
+        const int w = (me + t) % n;
+        c.copy(out + w * bytes, c.seg->direct(w, parity), bytes);
+      }
     eager_state(c).reader[parity] = -1;
   }
   eager_state(c).at[parity] = coll + 1;
@@ -248,10 +250,15 @@ void gather_eager_ring(CommState& c, const void* send, std::byte* out, std::size
     return;
   }
   c.announce();
+  // Every line is checked before any block is copied: a root that fails
+  // returns with `out` as it was.
+  for (int t = 1; t < n; ++t) wait_eager_line(c, (me + t) % n, 0);
+  if (bytes == 0) return;
+  const std::uint64_t entry = c.collectives % detail::kEagerEntries;
   for (int t = 1; t < n; ++t) {
     const int w = (me + t) % n;
-    const detail::EagerLine& line = wait_eager_line(c, w, 0);
-    if (bytes > 0) std::memcpy(out + static_cast<std::size_t>(w) * bytes, eager_data(line), bytes);
+    std::memcpy(out + static_cast<std::size_t>(w) * bytes,
+                eager_data(c.seg->eager_line(w, entry, 0)), bytes);
   }
 }
 
@@ -283,31 +290,20 @@ void scatter_eager_ring(CommState& c, const std::byte* in, void* recv, std::size
 
 namespace {
 
-// Peer q's descriptor of collective `coll`, or nullopt when the entry holds
-// another collective (or was being rewritten while we read it).
-std::optional<CollectiveDesc> eager_desc_of(CommState& c, int q, std::uint64_t coll) {
-  return c.read_descriptor(q, coll);
-}
-
-}  // namespace
-
-namespace {
-
 // What rank q published for collective `coll`, as the eager checks read it
 // after an acquire of one of q's counters (the ordering of
 // CommState::check_descriptor). `is_coll`: the read was not torn and the entry
 // holds collective `coll` (else q is in another collective). The operator
-// is not read: gather and scatter have none (sum).
+// is not compared (gather and scatter have none) but is kept, so that a
+// peer's reduction is named with its own.
 struct PeerCall {
   bool is_coll;
   CollectiveDesc desc;
 };
 
 PeerCall read_peer_call(CommState& c, int q, std::uint64_t coll) {
-  std::optional<CollectiveDesc> d = eager_desc_of(c, q, coll);
-  if (!d) return {false, CollectiveDesc{}};
-  d->op = ReduceOp::sum;  // gather and scatter have none: describe() shows sum
-  return {true, *d};
+  const std::optional<CollectiveDesc> d = c.read_descriptor(q, coll);
+  return d ? PeerCall{true, *d} : PeerCall{false, CollectiveDesc{}};
 }
 
 // Kind, count, datatype, root and algorithm agree (no operator to compare).
@@ -434,16 +430,10 @@ void confirm_eager_ring(CommState& c, std::uint64_t must, std::uint64_t may) {
         c.wait_counter(
             reader_counter(q), coll + 1, q,
             gather ? "the root to finish an eager gather" : "a rank to start an eager scatter");
-      const std::optional<CollectiveDesc> theirs = eager_desc_of(c, q, coll);
-      if (theirs && theirs->kind == mine.kind && theirs->count == mine.count &&
-          theirs->dtype == mine.dtype && theirs->root == mine.root &&
-          theirs->algorithm == mine.algorithm)
-        continue;
-      if (theirs && theirs->kind == CollectiveKind::invalid)
+      const PeerCall theirs = read_peer_call(c, q, coll);
+      if (same_eager_call(theirs, mine)) continue;
+      if (theirs.is_coll && theirs.desc.kind == CollectiveKind::invalid)
         c.fail(MismatchError(c.invalid_call_message(q, coll, mine)));
-      const std::string their_call =
-          theirs ? fmt::format("collective #{} {}", coll, c.describe(*theirs))
-                 : std::string("a different collective");
       c.fail(MismatchError(fmt::format(
           "rank {}: collective mismatch: rank {} called collective #{} {} (and returned: {}) but "
           "{}rank {} called {}; every rank must call the same collectives in the same order with "
@@ -451,7 +441,7 @@ void confirm_eager_ring(CommState& c, std::uint64_t must, std::uint64_t may) {
           c.rank, c.rank, coll, c.describe(mine),
           gather ? "a non-root gather rank does not wait for the root"
                  : "a scatter root does not wait for the others",
-          gather ? "its root " : "", q, their_call)));
+          gather ? "its root " : "", q, their_call(c, theirs, coll))));
     }
   }
 }
