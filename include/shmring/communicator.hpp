@@ -241,6 +241,10 @@ class SHMRING_API Communicator {
 
   /// Returns once every rank has entered the barrier.
   void barrier();
+  /// The barrier of a rank about to destroy this communicator (ifinalize()
+  /// explains it): returns once every rank has finished its calls before it,
+  /// pending non-blocking ones included, and entered it. Errors as barrier().
+  void finalize();
 
   /// This rank's counters per collective kind, one entry per kind called at
   /// least once (blocking and non-blocking calls alike), in a fixed order.

@@ -88,6 +88,12 @@ SHMRING_C_API shmring_result_t shmring_comm_init(shmring_comm_t* comm, int rank,
                                                  const char* job_id);
 /* Frees the communicator (NULL is accepted). Not collective. */
 SHMRING_C_API shmring_result_t shmring_comm_destroy(shmring_comm_t comm);
+/* The barrier of a rank about to destroy its communicator (as NCCL's
+ * ncclCommFinalize): returns once every rank has finished its calls before
+ * it, pending non-blocking ones included, and entered it. A peer that meets
+ * it in another collective gets SHMRING_ERR_MISMATCH saying that this rank
+ * is leaving. Collective; make no collective call after it. */
+SHMRING_C_API shmring_result_t shmring_comm_finalize(shmring_comm_t comm);
 
 SHMRING_C_API shmring_result_t shmring_comm_rank(shmring_comm_t comm, int* rank);
 SHMRING_C_API shmring_result_t shmring_comm_size(shmring_comm_t comm, int* size);

@@ -167,6 +167,7 @@ constexpr Signature kSignatures[] = {
     {"allgatherv", "send, out, recv_counts, displs=None, *, async_op=False"},
     {"reduce_scatter_v", "send, out, recv_counts, op=ReduceOp.SUM, *, async_op=False"},
     {"barrier", "*, async_op=False"},
+    {"finalize", "*, async_op=False"},
     {"split", "color, key=0"},
 };
 
@@ -476,6 +477,22 @@ Returns `buffer`. Errors as send(); async_op=True returns a shmring.Request
           py::kw_only(), py::arg("async_op") = false,
           "Returns once every rank has entered the barrier. Releases the GIL. With "
           "async_op=True returns a shmring.Request at once.")
+      .def(
+          "finalize",
+          [](PyCommunicator& self, bool async_op) {
+            Held held;
+            return dispatch(
+                self, "finalize", async_op, held, py::none(), [](Communicator& c) { c.finalize(); },
+                [](Communicator& c) { return c.ifinalize(); });
+          },
+          py::kw_only(), py::arg("async_op") = false, R"doc(
+The barrier of a rank about to close this communicator (as NCCL's
+ncclCommFinalize): returns once every rank has finished its calls before it,
+pending async ones included, and entered it; then call close(). A peer that
+meets it in another collective gets MismatchError saying that this rank is
+leaving. Make no collective call after it. Releases the GIL. With
+async_op=True returns a shmring.Request at once.
+)doc")
       .def(
           "split",
           [](PyCommunicator& self, int color, int key) {

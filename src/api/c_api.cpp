@@ -268,6 +268,11 @@ shmring_result_t shmring_barrier(shmring_comm_t comm) {
   return guarded(comm, [&] { comm->comm.barrier(); });
 }
 
+shmring_result_t shmring_comm_finalize(shmring_comm_t comm) {
+  SHMRING_REQUIRE_COMM(comm);
+  return guarded(comm, [&] { comm->comm.finalize(); });
+}
+
 shmring_result_t shmring_comm_split(shmring_comm_t comm, int color, int key,
                                     shmring_comm_t* newcomm) {
   SHMRING_REQUIRE_COMM(comm);

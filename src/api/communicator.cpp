@@ -340,6 +340,12 @@ Op make_barrier() {
   return {{CollectiveKind::barrier, 0, DataType::uint8, ReduceOp::sum, -1, Algorithm::low_latency}};
 }
 
+Op make_finalize() {
+  Op o = make_barrier();
+  o.desc.purpose = CallPurpose::finalize;
+  return o;
+}
+
 }  // namespace
 
 void Communicator::allreduce(const void* send, void* recv, std::size_t count, DataType dtype,
@@ -362,6 +368,9 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
 }
 void Communicator::barrier() {
   impl_->execute(make_barrier());
+}
+void Communicator::finalize() {
+  impl_->execute(make_finalize());
 }
 
 Request Communicator::iallreduce(const void* send, void* recv, std::size_t count, DataType dtype,
@@ -387,9 +396,7 @@ Request Communicator::ibarrier() {
   return impl_->submit(make_barrier());
 }
 Request Communicator::ifinalize() {
-  Op o = make_barrier();
-  o.desc.purpose = CallPurpose::finalize;
-  return impl_->submit(o);
+  return impl_->submit(make_finalize());
 }
 
 Communicator Communicator::split(int color, int key) {

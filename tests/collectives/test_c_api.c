@@ -66,6 +66,17 @@ static void run_rank(int rank, const char* job) {
   CHECK(strstr(shmring_get_last_error(comm), "root 7") != NULL);
   CHECK_OK(shmring_barrier(comm));
   CHECK(shmring_barrier(NULL) == SHMRING_ERR_INVALID_ARGUMENT);
+
+  /* finalize waits for the rank's pending request, which completes first. */
+  float f = 1.0f;
+  shmring_request_t req = NULL;
+  CHECK_OK(shmring_iallreduce(&f, &f, 1, SHMRING_FLOAT32, SHMRING_SUM, comm, &req));
+  CHECK_OK(shmring_comm_finalize(comm));
+  int done = 0;
+  CHECK_OK(shmring_test(&req, &done));
+  CHECK(done == 1 && f == (float)kRanks);
+  CHECK_OK(shmring_request_free(req));
+  CHECK(shmring_comm_finalize(NULL) == SHMRING_ERR_INVALID_ARGUMENT);
   CHECK_OK(shmring_comm_destroy(comm));
 }
 

@@ -207,6 +207,26 @@ def scenario_dropped(comm):
     check(drop_and_catch(seen) == [], "an error wait() raised was warned of again")
 
 
+def scenario_finalize(comm):
+    """finalize() returns after the rank's pending calls completed; a peer
+    that meets it in another collective is told this rank is leaving."""
+    rank, size = comm.rank, comm.size
+    x = values(rank, 1001).astype(np.float64)
+    req = comm.allreduce(x, async_op=True)
+    comm.finalize()
+    check(req.is_completed(), "the allreduce before finalize() is not complete")
+    check(np.array_equal(x, sum(values(q, 1001) for q in range(size)).astype(np.float64)),
+          "allreduce before finalize()")
+    # Rank 0 leaves while the others still reduce: both sides fail at once.
+    y = np.ones(8, np.float32)
+    if rank == 0:
+        err = raised(shmring.MismatchError, comm.finalize)
+    else:
+        err = raised(shmring.MismatchError, lambda: comm.allreduce(y))
+        check("the rank is leaving" in str(err), f"rank {rank}: {err}")
+    check(np.array_equal(y, np.ones(8, np.float32)), f"rank {rank}: y written")
+
+
 def main():
     scenario, rank, size, job_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     with shmring.Communicator(rank=rank, size=size, job_id=job_id) as comm:

@@ -32,6 +32,10 @@ def test_dropped_request_error_is_not_swallowed():
     assert_all_ok(run_worker("dropped_timeout", 2, env={"SHMRING_TIMEOUT": "5"}))
 
 
+def test_finalize_after_pending_calls():
+    assert_all_ok(run_worker("finalize", 3))
+
+
 def test_gil_released_while_waiting():
     assert_all_ok(run_worker("gil", 2))
 
