@@ -199,6 +199,17 @@ void run_collective(PyCommunicator& self, const char* what, F&& f) {
   f(comm);
 }
 
+// split as a collective entry point (ranked()): a color or key of the wrong
+// type or out of int's range is refused in call order, as a root is.
+py::object split(PyCommunicator& self, int color, int key) {
+  t_core_reached = true;  // the core checks the color and tells the peers
+  std::unique_ptr<PyCommunicator> result;
+  run_collective(self, "split", [&](Communicator& c) {
+    result = std::make_unique<PyCommunicator>(c.split(color, key));
+  });
+  return py::cast(std::move(result));
+}
+
 py::dict config_dict(const Config& c) {
   py::dict d;
   d["rank"] = c.rank;
@@ -493,16 +504,7 @@ meets it in another collective gets MismatchError saying that this rank is
 leaving. Make no collective call after it. Releases the GIL. With
 async_op=True returns a shmring.Request at once.
 )doc")
-      .def(
-          "split",
-          [](PyCommunicator& self, int color, int key) {
-            std::unique_ptr<PyCommunicator> result;
-            run_collective(self, "split", [&](Communicator& c) {
-              result = std::make_unique<PyCommunicator>(c.split(color, key));
-            });
-            return result;
-          },
-          py::arg("color"), py::arg("key") = 0, R"doc(
+      .def("split", ranked("split", &split), py::arg("color"), py::arg("key") = 0, R"doc(
 MPI_Comm_split: a new Communicator of the ranks that pass the same color
 (>= 0), ranked by (key, rank here), with its own segment. Collective over this
 communicator.

@@ -200,7 +200,15 @@ def cases(size):
         "split_color_type": (
             lambda c: c.split("red"),
             lambda c: c.split(0),
-            TypeError, ["rank 1", "split() takes (color, key=0), not (str)"]),
+            TypeError, ["rank 1", "split: an argument is str 'red', expected an int"]),
+        "split_keyword": (
+            lambda c: c.split(colour=0),
+            lambda c: c.split(0),
+            TypeError, ["rank 1", "split() takes (color, key=0), not (colour=int)"]),
+        "split_color_out_of_range": (
+            lambda c: c.split(2**40),
+            lambda c: c.split(0),
+            shmring.InvalidArgumentError, ["rank 1", "1099511627776", "out of range"]),
         # Non-blocking: refused at once, and told to the peers too.
         "async_dtype": (
             lambda c: c.allreduce(np.ones(n, dtype=np.complex64), async_op=True),

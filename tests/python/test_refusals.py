@@ -21,7 +21,8 @@ def test_refused_on_one_rank_fails_fast_everywhere(size):
                      "alltoallv_counts", "gather_out_size", "scatter_send_size",
                      "allgatherv_block_outside", "reduce_scatter_v_out", "async_type",
                      "scatter_out_readonly", "misbound_keyword", "misbound_count", "none_op",
-                     "root_out_of_range", "split_color_type"):
+                     "root_out_of_range", "split_color_type", "split_keyword",
+                     "split_color_out_of_range"):
             assert f"{name} ok" in out, name
 
 
