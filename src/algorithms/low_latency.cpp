@@ -64,9 +64,13 @@ std::uint64_t line_count(const CollectiveDesc& d) {
   return d.count ^ d.vhash;
 }
 
+// Kind, dtype, op and algorithm a byte each; the purpose (CallPurpose, 2
+// bits) in the top bits of the algorithm's byte, whose values are small.
 std::uint32_t pack(const CollectiveDesc& d) {
+  static_assert(static_cast<std::uint32_t>(Algorithm::low_latency) < 64);  // the largest
   return static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.dtype) << 8 |
-         static_cast<std::uint32_t>(d.op) << 16 | static_cast<std::uint32_t>(d.algorithm) << 24;
+         static_cast<std::uint32_t>(d.op) << 16 | static_cast<std::uint32_t>(d.algorithm) << 24 |
+         static_cast<std::uint32_t>(d.purpose) << 30;
 }
 
 }  // namespace

@@ -380,7 +380,8 @@ void CommState::check_descriptor(int peer) {
   const bool has_dtype = mine.kind != CollectiveKind::barrier;
   bool same = !torn && seq == collectives + 1 && theirs.kind == mine.kind &&
               theirs.count == mine.count && (!has_dtype || theirs.dtype == mine.dtype) &&
-              theirs.root == mine.root && (!has_op || theirs.op == mine.op);
+              theirs.root == mine.root && (!has_op || theirs.op == mine.op) &&
+              theirs.purpose == mine.purpose;
   // The staged paths compare recv_counts themselves (and name the entry);
   // the ring (allgatherv_ring) has only this check.
   if (same && theirs.algorithm == mine.algorithm &&

@@ -45,7 +45,9 @@ const char* to_string(Algorithm a);
 /// Why the core runs a collective the caller did not name: the peers'
 /// mismatch messages say so (CommState::describe) instead of naming a call
 /// their user never made. Published in the descriptor's kind word (bits 16
-/// and up); informational: ranks are not compared on it.
+/// and up) and the low-latency line's packed word; part of the call, as the
+/// kind is: a barrier on one rank does not match a finalize on another
+/// (which would let the barrier return and the next call fail instead).
 enum class CallPurpose : std::uint32_t {
   user = 0,      ///< the caller's own collective
   split = 1,     ///< Communicator::split's allgather of every rank's (color, key)

@@ -310,6 +310,44 @@ TEST_CASE("internal collectives are named by what the peer called: split, finali
   }
 }
 
+TEST_CASE("a call's purpose is part of it: barrier against finalize, allgather against split") {
+  // Rank 0 finalizes (a barrier) or splits (an allgather of two int64),
+  // rank 1 makes the very collective inside: both fail at once, instead of
+  // the barrier returning (and rank 1's next call failing on a departed
+  // rank) or the allgather returning rank 0's (color, key).
+  for (bool leave : {false, true}) {
+    CAPTURE(leave);
+    auto status = test::run_ranks(
+        2,
+        [leave](Communicator& c) {
+          std::vector<std::int64_t> mine = {0, 7}, all(4, -1);
+          std::string what;
+          try {
+            if (c.rank() == 1 && leave)
+              c.barrier();
+            else if (c.rank() == 1)
+              c.allgather(mine.data(), all.data(), 2, DataType::int64);
+            else if (leave)
+              c.finalize();
+            else
+              c.split(0, 7);
+            SHMRING_CHILD_CHECK(false, "rank %d: no error", c.rank());
+          } catch (const MismatchError& e) {
+            what = e.what();
+          }
+          const char* needle =
+              c.rank() == 0 ? (leave ? "rank 1 called collective #0 barrier()"
+                                     : "rank 1 called collective #0 allgather(count=2, int64)")
+                            : (leave ? "finalize() [the rank is leaving" : "[in split()");
+          SHMRING_CHILD_CHECK(what.find(needle) != std::string::npos, "rank %d: '%s' lacks '%s'",
+                              c.rank(), what.c_str(), needle);
+          SHMRING_CHILD_CHECK(all[0] == -1 && all[2] == -1, "rank %d: allgather wrote", c.rank());
+        },
+        60);
+    CHECK(test::all_zero(status));
+  }
+}
+
 TEST_CASE("ifinalize: completes after the pending calls on every rank") {
   auto status = test::run_ranks(3, [](Communicator& c) {
     std::vector<float> x(1000, static_cast<float>(c.rank()));

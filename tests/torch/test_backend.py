@@ -53,8 +53,9 @@ def test_mismatch_is_an_error_on_every_rank(tmp):
     assert_all_ok(results)
 
 
-def test_a_rank_leaving_is_named_as_such(tmp):
-    results = run_job("leaving", 2, tmp)
+@pytest.mark.parametrize("scenario", ["leaving", "leaving_barrier"])
+def test_a_rank_leaving_is_named_as_such(tmp, scenario):
+    results = run_job(scenario, 2, tmp)
     assert_all_ok(results)
     for _, out in results:
         assert "leaving ok" in out

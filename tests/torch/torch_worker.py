@@ -568,18 +568,20 @@ def scenario_mismatch(rank, size):
     print("mismatch ok", flush=True)
 
 
-def scenario_leaving(rank, size, init_method):
+def scenario_leaving(rank, size, init_method, barrier=False):
     """Rank 0 destroys the group while rank 1 still calls all_reduce: rank
     1's error says that rank 0 is leaving (its finalize), not that it
-    called a barrier rank 1's code never made."""
+    called a barrier rank 1's code never made. With `barrier`, rank 1 calls
+    dist.barrier() instead: it fails the same way, rather than returning
+    before a later call finds rank 0 gone."""
     init("shmring", init_method, rank, size)
     dist.all_reduce(torch.ones(4))
     if rank == 0:
         dist.destroy_process_group()
     else:
-        msg = expect_error(lambda: dist.all_reduce(torch.ones(8)),
-                           "finalize() [the rank is leaving")
-        check("barrier()" not in msg, msg)
+        call = dist.barrier if barrier else lambda: dist.all_reduce(torch.ones(8))
+        msg = expect_error(call, "finalize() [the rank is leaving")
+        check(barrier or "barrier()" not in msg, msg)
         dist.destroy_process_group()
     print("leaving ok", flush=True)
 
@@ -960,8 +962,8 @@ def main():
     if scenario == "torch_destroy":  # likewise
         scenario_torch_destroy(rank, size, init_method)
         return
-    if scenario == "leaving":  # likewise
-        scenario_leaving(rank, size, init_method)
+    if scenario in ("leaving", "leaving_barrier"):  # likewise
+        scenario_leaving(rank, size, init_method, barrier=scenario == "leaving_barrier")
         return
     init(backend, init_method, rank, size)
     if scenario == "ddp":
