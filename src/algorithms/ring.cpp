@@ -48,7 +48,6 @@ namespace shmring::algo {
 namespace {
 
 using detail::Range;
-
 using detail::ring_mod;
 
 struct RingPass {
@@ -206,11 +205,7 @@ void allgatherv_ring(CommState& c, const void* send, void* recv, const VectorArg
              }};
   const std::size_t rounds =
       rounds_for(p, *std::max_element(v.recv_counts.begin(), v.recv_counts.end()));
-  // A ring rank checks only its neighbours' calls, and an allgather's first
-  // read lands in `out`: so every rank's call is checked first, and a rank
-  // that fails (a peer refused the call, say) returns with `out` as it was.
-  // A wait for every rank to start, which the first round needs anyway.
-  c.wait_every_announced();
+  c.wait_every_announced();  // as allgather_ring: every call before `out` changes
   for (std::size_t q = 0; q < rounds; ++q)
     p.allgather_round(q, static_cast<std::byte*>(recv), static_cast<const std::byte*>(send),
                       /*first_done=*/false);
