@@ -164,16 +164,16 @@ void scatter_staged(CommState& c, const void* send, void* recv, std::size_t coun
       c.copy(recv, in + root * bytes, bytes);
   };
   if (n == 1) return copy_own();
+  // The root's own block last, as gather_staged's: the eager root checks
+  // nothing of this call, but may fail on an earlier one it confirms first.
   if (eager_ring_fits(c, CollectiveKind::scatter, bytes)) {
-    copy_own();
     scatter_eager_ring(c, in, recv, bytes, root);
-    return;
+    return copy_own();
   }
   Rounds r(c, n - 1);
   if (bytes <= r.lane_inline() && bytes < scatter_rounds_from(c)) {
-    copy_own();
     scatter_eager(c, in, recv, bytes, root, r.lane_inline());
-    return;
+    return copy_own();
   }
   run_rounds(
       c, r, me == root, me != root, [root](int q) { return q != root; }, bytes, nullptr,
