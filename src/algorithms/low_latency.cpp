@@ -9,7 +9,8 @@
 //
 // Terms. Every rank owns two low-latency lines (layout.hpp LowLatencyLine);
 // collective c uses line c mod 2. A line holds a sequence number (`seq` =
-// c + 1), the descriptor (count, kind, datatype, operator, algorithm, root)
+// c + 1), the descriptor (count, kind, datatype, operator, algorithm,
+// purpose, root)
 // and the data: 40 bytes of it in the same 64-byte cache line as `seq`, the
 // rest in the next one, the other half of its 128-byte block (x86's
 // adjacent-line prefetcher may fetch the two together; N=2 on the Intel VM
@@ -67,7 +68,7 @@ std::uint64_t line_count(const CollectiveDesc& d) {
 // Kind, dtype, op and algorithm a byte each; the purpose (CallPurpose, 2
 // bits) in the top bits of the algorithm's byte, whose values are small.
 std::uint32_t pack(const CollectiveDesc& d) {
-  static_assert(static_cast<std::uint32_t>(Algorithm::low_latency) < 64);  // the largest
+  static_assert(static_cast<std::uint32_t>(Algorithm::low_latency) < 64);
   return static_cast<std::uint32_t>(d.kind) | static_cast<std::uint32_t>(d.dtype) << 8 |
          static_cast<std::uint32_t>(d.op) << 16 | static_cast<std::uint32_t>(d.algorithm) << 24 |
          static_cast<std::uint32_t>(d.purpose) << 30;

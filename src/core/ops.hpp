@@ -51,7 +51,7 @@ const char* to_string(Algorithm a);
 enum class CallPurpose : std::uint32_t {
   user = 0,      ///< the caller's own collective
   split = 1,     ///< Communicator::split's allgather of every rank's (color, key)
-  finalize = 2,  ///< Communicator::ifinalize's barrier: the rank is leaving
+  finalize = 2,  ///< Communicator::finalize / ifinalize's barrier: the rank is leaving
 };
 
 /// One collective call as this rank sees it.

@@ -170,9 +170,10 @@ struct alignas(kLine) RankInfo {
 /// other 64 data bytes in the second cache line of the 128-byte block.
 inline constexpr std::size_t kLowLatencyBytes = 104;
 struct alignas(kLine) LowLatencyLine {
-  std::atomic<std::uint64_t> seq;                      // collective + 1 whose data this line holds
-  std::atomic<std::uint64_t> count;                    // descriptor, as in Descriptor
-  std::atomic<std::uint32_t> kind_dtype_op_algorithm;  // one byte each
+  std::atomic<std::uint64_t> seq;    // collective + 1 whose data this line holds
+  std::atomic<std::uint64_t> count;  // descriptor, as in Descriptor
+  // One byte each; the call's purpose in the top two bits (low_latency.cpp pack)
+  std::atomic<std::uint32_t> kind_dtype_op_algorithm;
   std::atomic<std::int32_t> root;
   std::byte data[kLowLatencyBytes];
 };
