@@ -334,6 +334,7 @@ void CommState::wait_announced(int peer) {
 void CommState::wait_every_announced() {
   for (int q = 0; q < size; ++q)
     if (q != rank) wait_announced(q);
+  ring.left_checked = ring.right_checked = true;  // the slots need not check them again
 }
 
 std::byte* CommState::acquire_direct_buffer() {

@@ -162,18 +162,28 @@ TEST_CASE("a refused eager scatter or gather fails the next call on every rank")
 // every peer's call was checked, and nothing else lands before that either
 // (a gather's root or a ring rank takes no peer's block first). Each
 // collective at the sizes of its paths (one line, a direct buffer or eager
-// entry, staged rounds or the ring); the gather's root is rank 0.
+// entry, staged rounds or the ring; the ring for every size with
+// SHMRING_ALGO=ring, N=2 for alltoallv's line); the gather's root is rank 0.
 TEST_CASE("a peer's refusal leaves the failing ranks' outputs untouched") {
   const char* names[] = {"allgather", "alltoall",       "allgatherv", "alltoallv",
                          "gather",    "reduce_scatter", "broadcast",  "scatter"};
-  for (int refuser : {1, 2})
+  struct Job {
+    int n, refuser;
+    const char* algo;  // SHMRING_ALGO, or null: the default choice
+  };
+  for (Job job : {Job{3, 1, nullptr}, Job{3, 2, nullptr}, Job{2, 1, nullptr}, Job{3, 2, "ring"},
+                  Job{2, 1, "ring"}})
     for (const char* name : names)
       for (std::size_t count : {std::size_t{2}, std::size_t{600}, std::size_t{100000}}) {
+        const int refuser = job.refuser;
         const std::string label = std::string(name) + " of " + std::to_string(count) +
-                                  ", refused by rank " + std::to_string(refuser);
+                                  " at N=" + std::to_string(job.n) + ", refused by rank " +
+                                  std::to_string(refuser) +
+                                  ", SHMRING_ALGO=" + (job.algo ? job.algo : "auto");
         CAPTURE(label);
+        if (job.algo) setenv("SHMRING_ALGO", job.algo, 1);  // the ranks inherit it
         auto status = test::run_ranks(
-            3,
+            job.n,
             [name, count, refuser](Communicator& c) {
               const int r = c.rank(), n = c.size();
               const std::string what = name;
@@ -230,6 +240,7 @@ TEST_CASE("a peer's refusal leaves the failing ranks' outputs untouched") {
                                     out[i]);
             },
             120, slow_timeout());
+        unsetenv("SHMRING_ALGO");
         CHECK(test::all_zero(status));
       }
 }
