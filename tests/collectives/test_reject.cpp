@@ -163,16 +163,17 @@ TEST_CASE("a refused eager scatter or gather fails the next call on every rank")
 // (a gather's root or a ring rank takes no peer's block first). Each
 // collective at the sizes of its paths (one line, a direct buffer or eager
 // entry, staged rounds or the ring; the ring for every size with
-// SHMRING_ALGO=ring, N=2 for alltoallv's line); the gather's root is rank 0.
+// SHMRING_ALGO=ring, N=2 for alltoallv's line, N=5 for a refusing rank that
+// is no neighbour of the ranks it stops); the roots are rank 0.
 TEST_CASE("a peer's refusal leaves the failing ranks' outputs untouched") {
-  const char* names[] = {"allgather", "alltoall",       "allgatherv", "alltoallv",
-                         "gather",    "reduce_scatter", "broadcast",  "scatter"};
+  const char* names[] = {"allgather", "alltoall",  "allgatherv", "alltoallv", "gather",
+                         "scatter",   "broadcast", "allreduce",  "reduce",    "reduce_scatter"};
   struct Job {
     int n, refuser;
     const char* algo;  // SHMRING_ALGO, or null: the default choice
   };
   for (Job job : {Job{3, 1, nullptr}, Job{3, 2, nullptr}, Job{2, 1, nullptr}, Job{3, 2, "ring"},
-                  Job{2, 1, "ring"}})
+                  Job{2, 1, "ring"}, Job{5, 2, "ring"}})
     for (const char* name : names)
       for (std::size_t count : {std::size_t{2}, std::size_t{600}, std::size_t{100000}}) {
         const int refuser = job.refuser;
@@ -217,6 +218,11 @@ TEST_CASE("a peer's refusal leaves the failing ranks' outputs untouched") {
                 else if (what == "reduce_scatter")
                   c.reduce_scatter(send.data(), out.data(), count, DataType::float32,
                                    ReduceOp::sum);
+                else if (what == "allreduce")
+                  c.allreduce(send.data(), out.data(), all, DataType::float32, ReduceOp::sum);
+                else if (what == "reduce")
+                  c.reduce(send.data(), r == 0 ? out.data() : nullptr, all, DataType::float32,
+                           ReduceOp::sum, 0);
                 else
                   c.broadcast(r == 0 ? send.data() : out.data(), all, DataType::float32, 0);
               } catch (const MismatchError& e) {
