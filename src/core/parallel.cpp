@@ -52,14 +52,19 @@ void CommState::copy_parts(std::span<const CopyPart> parts) {
 void CommState::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
   // On the 2-core Zen 4 VM (N=2, 256 KiB slots), streaming slices of 32-128
   // KiB cut the time by 20-30%; below 16 KiB the reader's trip to memory
-  // costs more than a cross-core snoop, and from 256 KiB the slots overflow
-  // the writer's L2 into the shared L3, which beats memory. On an Intel Xeon
-  // streaming was 1.5x slower from 64 KiB and equal below (docs/performance/notes):
-  // hence the vendor test in streaming_pays_off().
-  constexpr std::size_t kNtMinBytes = 16 * 1024, kNtMaxBytes = 128 * 1024;
+  // costs more than a cross-core snoop. Larger slices depend on where the
+  // reader runs: sharing the writer's L3, plain stores are 1.5x faster; on
+  // another L3 (another CCD), plain stores are 6x slower, since each reuse
+  // of a slot line takes it back from the reader's cache
+  // (docs/performance/notes/2026-12-05-streaming-slots.md). The host moves
+  // the VM's two vCPUs between the two, and the topology the guest sees does
+  // not say which, so every slice from 16 KiB streams: 1.5x at worst, not 6x.
+  // On an Intel Xeon streaming was 1.5x slower from 64 KiB and equal below
+  // (docs/performance/notes): hence the vendor test in streaming_pays_off().
+  constexpr std::size_t kNtMinBytes = 16 * 1024;
   const bool nt = config.nt_stores == NtStores::always ||
                   (config.nt_stores == NtStores::automatic && detail::streaming_pays_off() &&
-                   bytes >= kNtMinBytes && bytes <= kNtMaxBytes);
+                   bytes >= kNtMinBytes);
   if (!nt) {
     copy(slot, src, bytes);
     return;

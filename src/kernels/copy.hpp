@@ -19,7 +19,9 @@ void copy_streaming(void* dst, const void* src, std::size_t bytes);
 /// Whether streaming slot writes pay off on this CPU (SHMRING_NT_STORES=auto).
 /// Measured (docs/performance/notes): on AMD Zen 4 a line modified in another
 /// core's L2 crosses slower than it comes from memory, and streaming 16-128
-/// KiB slices cut N=2 allreduce by 20-30%; on an Intel Xeon the shared L3
+/// KiB slices cut N=2 allreduce by 20-30% (larger ones: 6x where the reader
+/// is on another L3, 1.5x slower where it shares the writer's,
+/// docs/performance/notes/2026-12-05-streaming-slots.md); on an Intel Xeon the shared L3
 /// hands lines over faster than memory, and 64-128 KiB slices were 1.5x
 /// slower streamed (16 KiB and below: equal). So: AMD yes, everything else no.
 bool streaming_pays_off();
