@@ -102,6 +102,7 @@ struct PerfOptions {
   bool csv = false;
   bool json = false;
   bool no_floor = false;
+  bool zeros = false;  // --zeros: time zero-filled buffers instead of the check pattern
   bool in_place_only = false;
   bool out_of_place_only = false;
   bool uneven = false;  // alltoall_perf --uneven: alltoallv with uneven counts

@@ -97,6 +97,9 @@ void add_perf_options(CLI::App& app, PerfOptions& o, Collective coll) {
   app.add_flag("--csv", o.csv, "CSV output (rank 0, stdout)");
   app.add_flag("--json", o.json, "JSON output (rank 0, stdout)");
   app.add_flag("--no-floor", o.no_floor, "Skip the concurrent-memcpy floor measurement");
+  app.add_flag("--zeros", o.zeros,
+               "Time zero-filled buffers, as the MPI benchmarks do (default: the check "
+               "pattern, nonzero data like users')");
   app.add_flag("--in-place-only", o.in_place_only, "Skip the out-of-place measurement");
   app.add_flag("--out-of-place-only", o.out_of_place_only, "Skip the in-place measurement");
   if (coll == Collective::alltoall)
