@@ -50,32 +50,37 @@ void CommState::copy_parts(std::span<const CopyPart> parts) {
 }
 
 void CommState::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes) {
-  // On the 2-core Zen 4 VM (N=2, 256 KiB slots), streaming slices of 32-128
-  // KiB cut the time by 20-30%; below 16 KiB the reader's trip to memory
-  // costs more than a cross-core snoop. Larger slices depend on where the
-  // reader runs: sharing the writer's L3, plain stores are 1.5x faster; on
-  // another L3 (another CCD), plain stores are 6x slower, since each reuse
-  // of a slot line takes it back from the reader's cache
-  // (docs/performance/notes/2026-12-05-streaming-slots.md). The host moves
-  // the VM's two vCPUs between the two, and the topology the guest sees does
-  // not say which, so every slice from 16 KiB streams: 1.5x at worst, not 6x.
-  // On an Intel Xeon streaming was 1.5x slower from 64 KiB and equal below
-  // (docs/performance/notes): hence the vendor test in streaming_pays_off().
+  // Below 16 KiB plain stores: on the 2-core Zen 4 VM the reader's trip to
+  // memory cost more there than a cross-core snoop. From 16 KiB on AMD, which
+  // kind wins depends on where the reader runs, and the host moves the VM's
+  // vCPUs during a job: sharing the writer's L3, plain slot writes ran
+  // 2.5x faster than streaming ones; on another CCD, streaming ran 5-10x
+  // faster than plain, since each reuse of a slot line takes it back from
+  // the reader's cache (docs/performance/notes/2026-12-05-streaming-slots.md,
+  // docs/performance/notes/2026-12-05-adaptive-slot-stores.md). So auto
+  // measures both and takes the faster (slot_stores). On an Intel Xeon,
+  // streaming was 1.5x slower from 64 KiB and equal below (docs/performance/
+  // notes): hence the vendor test in streaming_pays_off().
   constexpr std::size_t kNtMinBytes = 16 * 1024;
+  using Kind = detail::SlotStoreChooser::Kind;
+  if (bytes == 0) return;
+  const bool measured = config.nt_stores == NtStores::automatic && bytes >= kNtMinBytes &&
+                        detail::streaming_pays_off();
+  const std::uint64_t start = measured ? call_clock.now() : 0;
   const bool nt = config.nt_stores == NtStores::always ||
-                  (config.nt_stores == NtStores::automatic && detail::streaming_pays_off() &&
-                   bytes >= kNtMinBytes);
+                  (measured && slot_stores.next(start) == Kind::streaming);
   if (!nt) {
     copy(slot, src, bytes);
-    return;
+  } else {
+    // copy_streaming fences its own stores, so each grain's are visible
+    // before the arena joins and publish_send()'s release store follows.
+    const auto* s = static_cast<const std::byte*>(src);
+    detail::for_grains(arena.get(), bytes, 1, [&](std::size_t i, std::size_t n) {
+      detail::copy_streaming(slot + i, s + i, n);
+    });
   }
-  if (bytes == 0) return;
-  // copy_streaming fences its own stores, so each grain's are visible before
-  // the arena joins and publish_send()'s release store follows.
-  const auto* s = static_cast<const std::byte*>(src);
-  detail::for_grains(arena.get(), bytes, 1, [&](std::size_t i, std::size_t n) {
-    detail::copy_streaming(slot + i, s + i, n);
-  });
+  if (measured)
+    slot_stores.record(nt ? Kind::streaming : Kind::plain, bytes, start, call_clock.now());
 }
 
 }  // namespace shmring

@@ -27,6 +27,7 @@
 #include "core/ops.hpp"
 #include "core/recorder.hpp"
 #include "core/trace.hpp"
+#include "kernels/slot_stores.hpp"
 #include "shmring/communicator.hpp"
 #include "transport/layout.hpp"
 #include "transport/segment.hpp"
@@ -338,8 +339,13 @@ struct CommState {
   /// share the rank's threads.
   void copy_parts(std::span<const CopyPart> parts);
   /// copy() into a slot that the right neighbour reads next: streaming
-  /// stores when config.nt_stores (see kernels/copy.hpp), fenced.
+  /// stores when config.nt_stores says always, plain ones when never; with
+  /// auto on AMD, slices of 16 KiB and more take the kind that slot_stores
+  /// measures faster for this rank now (kernels/slot_stores.hpp). Fenced.
   void copy_to_slot(std::byte* slot, const void* src, std::size_t bytes);
+  /// The chooser behind copy_to_slot's auto rule (one per communicator; the
+  /// running thread's).
+  detail::SlotStoreChooser slot_stores;
 
   std::chrono::steady_clock::time_point deadline() const {
     return std::chrono::steady_clock::now() +

@@ -16,14 +16,16 @@ namespace shmring::detail {
 /// streaming stores (non-x86).
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
 
-/// Whether streaming slot writes pay off on this CPU (SHMRING_NT_STORES=auto).
-/// Measured (docs/performance/notes): on AMD Zen 4 a line modified in another
-/// core's L2 crosses slower than it comes from memory, and streaming 16-128
-/// KiB slices cut N=2 allreduce by 20-30% (larger ones: 6x where the reader
-/// is on another L3, 1.5x slower where it shares the writer's,
-/// docs/performance/notes/2026-12-05-streaming-slots.md); on an Intel Xeon the shared L3
-/// hands lines over faster than memory, and 64-128 KiB slices were 1.5x
-/// slower streamed (16 KiB and below: equal). So: AMD yes, everything else no.
+/// Whether streaming slot writes may pay off on this CPU
+/// (SHMRING_NT_STORES=auto): then slot_stores.hpp measures them against
+/// plain ones. Measured (docs/performance/notes): on AMD Zen 4 a line
+/// modified in another core's L2 crosses slower than it comes from memory
+/// where the reader sits on another L3, and streaming was 5-10x faster there
+/// at 1-64 MiB (N=2; plain stores 1.6-2.2x faster on a shared L3,
+/// docs/performance/notes/2026-12-05-adaptive-slot-stores.md); on an Intel
+/// Xeon the shared L3 hands lines over faster than memory, and 64-128 KiB
+/// slices were 1.5x slower streamed (16 KiB and below: equal). So: AMD yes,
+/// everything else no.
 bool streaming_pays_off();
 
 /// Name of the streaming-store width used here ("avx512", "avx2", "sse2" or
