@@ -92,12 +92,9 @@ void allreduce_two_shot_rounds(CommState& c, const void* send, void* recv, std::
         if (q != me)
           c.wait_counter(c.area(q).taken, base + 2 * j - 2, q, "a rank to finish a round");
     const Piece p = piece_of(count, piece_elems, j);
-    // Streaming stores where ranks have CPUs of their own, as the staged
-    // rounds put their slices (staged.cpp, Rounds::put).
-    if (c.config.oversubscribed)
-      c.copy(half(me, j), in + p.begin * es, p.count * es);
-    else
-      c.copy_to_slot(half(me, j), in + p.begin * es, p.count * es);
+    // Written as the ring writes its slots (copy_to_slot), as the staged
+    // rounds put their slices (staged.hpp, Rounds::put).
+    c.copy_to_slot(half(me, j), in + p.begin * es, p.count * es);
     c.publish(c.my_area().posted, base + 2 * j + 1);
   };
 

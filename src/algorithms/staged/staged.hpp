@@ -74,15 +74,18 @@ class Rounds {
   }
   std::size_t lane() const { return big_ ? lane_slots_ : lane_direct_; }
   /// Copies n bytes of a writer's block into its round buffer `dst`: into
-  /// the slot area as the ring writes its slots (copy_to_slot: streaming
-  /// stores for the slice sizes where they were measured to pay), into a
-  /// direct buffer with plain stores. N=2, 128 KiB blocks (gather and
-  /// scatter of 256 KiB): 17.8 -> 12.8 us (docs/performance/notes). Not when
-  /// ranks share CPUs: a reader that runs on the writer's CPU would find
-  /// the slice in that CPU's cache, which streaming stores bypass (N=4 on 2
-  /// CPUs, alltoall of 512 KiB: 61-90 -> 115-133 us).
+  /// the slot area as the ring writes its slots (copy_to_slot: plain or
+  /// streaming stores, whichever this rank measures faster where streaming
+  /// may pay), into a direct buffer with plain stores. N=2, 128 KiB blocks
+  /// (gather and scatter of 256 KiB): 17.8 -> 12.8 us streamed
+  /// (docs/performance/notes). Ranks that share CPUs once always wrote plain,
+  /// since a reader on the writer's CPU finds the slice in that CPU's cache
+  /// (N=4 on 2 CPUs, alltoall of 512 KiB, always streaming: 61-90 -> 115-133
+  /// us); the measured choice is level with plain stores there and 2-3x
+  /// faster where the CPUs sit on different L3s
+  /// (docs/performance/notes/2026-12-05-adaptive-slot-stores.md).
   void put(std::byte* dst, const void* src, std::size_t n) {
-    if (big_ && !c_.config.oversubscribed)
+    if (big_)
       c_.copy_to_slot(dst, src, n);
     else
       c_.copy(dst, src, n);

@@ -48,10 +48,11 @@ std::byte* eager_buffer(CommState& c) {
   return c.acquire_direct_buffer();
 }
 
-// An eager block goes into its direct buffer as a slot round's does
-// (Rounds::put): with streaming stores where they pay, unless ranks share
-// CPUs. N=2, back-to-back gathers / scatters of 64 KiB blocks (128 KiB in
-// all), 3 interleaved runs: 7.8-10.0 / 8.7-8.8 us with plain stores,
+// An eager block goes into its direct buffer through copy_to_slot, as a
+// slot round's does (Rounds::put), unless ranks share CPUs: these blocks are
+// at most a direct buffer (64 KiB), and the measured choice for shared CPUs
+// was measured with slot rounds of 512 KiB and more only. N=2, back-to-back gathers / scatters of
+// 64 KiB blocks (128 KiB in all), 3 interleaved runs: 7.8-10.0 / 8.7-8.8 us with plain stores,
 // 5.5-5.7 / 4.5-4.6 with streaming ones (Open MPI 7.6 / 7.6).
 void put_eager(CommState& c, std::byte* dst, const void* src, std::size_t bytes) {
   if (c.config.oversubscribed)
