@@ -9,9 +9,9 @@ namespace shmring::detail {
 SlotStoreChooser::Kind SlotStoreChooser::next(std::uint64_t now_ns) const {
   const std::uint64_t tried = 1 + kWarmupWrites;
   const int s = idx(Kind::streaming), p = idx(Kind::plain);
+  // Warm-up: streaming, plain, streaming, plain.
   if (writes_[s] < tried && writes_[s] <= writes_[p]) return Kind::streaming;
   if (writes_[p] < tried) return Kind::plain;
-  if (writes_[s] < tried) return Kind::streaming;
   const Kind best = est_[p] < est_[s] ? Kind::plain : Kind::streaming;
   const int other = best == Kind::plain ? s : p;
   const bool due = total_ - last_n_[other] >= kProbeWrites && now_ns >= last_ns_[other] &&
