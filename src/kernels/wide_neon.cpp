@@ -250,18 +250,22 @@ SHMRING_INLINE bool pair_span_fits(const PairSpan& s, int window, int ceiling) {
                               span_bad<M>(s.hi, window, ceiling))) == 0;
 }
 
-// 8 float32 values (as bits) rounded to nearest even to 16 bits.
-template <bool Bf16>
+// 8 float32 values (as bits) rounded to nearest even to 16 bits. MaybeNaN
+// false: the caller knows that no value is a NaN (float16 then skips the
+// default-NaN fix-up).
+template <bool Bf16, bool MaybeNaN = true>
 SHMRING_INLINE void store16f(unsigned char* p, U u) {
   H h;
   if constexpr (Bf16) {
     h = vcombine_u16(bf16_of(u.lo), bf16_of(u.hi));
   } else {
     const float32x4_t lo = vreinterpretq_f32_u32(u.lo), hi = vreinterpretq_f32_u32(u.hi);
-    const H converted = vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(lo), hi));
-    const H nan = vcombine_u16(vmovn_u32(vmvnq_u32(vceqq_f32(lo, lo))),
-                               vmovn_u32(vmvnq_u32(vceqq_f32(hi, hi))));
-    h = vbslq_u16(nan, vdupq_n_u16(0x7e00), converted);
+    h = vreinterpretq_u16_f16(vcvt_high_f16_f32(vcvt_f16_f32(lo), hi));
+    if constexpr (MaybeNaN) {
+      const H nan = vcombine_u16(vmovn_u32(vmvnq_u32(vceqq_f32(lo, lo))),
+                                 vmovn_u32(vmvnq_u32(vceqq_f32(hi, hi))));
+      h = vbslq_u16(nan, vdupq_n_u16(0x7e00), h);
+    }
   }
   vst1q_u8(p, vreinterpretq_u8_u16(h));
 }

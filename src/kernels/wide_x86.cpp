@@ -31,8 +31,9 @@
 // 16-bit value as the exact sum (docs/design/accuracy.md gives the
 // argument), so those steps run 16 (8) float32 lanes a vector instead of
 // 8 (4) float64 ones. Many inputs summed (or averaged) take float32 too,
-// vector by vector, where the inputs' exponent span proves the float32 sum
-// exact (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
+// vector by vector, where the inputs' exponent span (AVX2) or a pair of
+// sums rounded down and up (AVX-512) proves the float32 sum exact
+// (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
 // tails of fewer than one vector go to the portable loops.
 
 #include "kernels/wide.hpp"
@@ -120,11 +121,16 @@ inline __attribute__((always_inline)) F scale_f(F a, float r) {
 
 // a + b rounded down and up by the instruction itself (EVEX embedded
 // rounding, whatever MXCSR says): where both give the same value, no
-// rounding happened (kernels/wide_loops.inc, the bfloat16 many-input sums).
+// rounding happened (kernels/wide_loops.inc, the many-input sums).
 constexpr bool kDirectedRounding = true;
 
+// As b * 1 + a: the exact product is b, so the one rounding is that of
+// a + b, signed zeros, inf and NaN included. A Zen 4 core issues FMAs on
+// other pipes than adds and conversions, so the two directed sums run
+// side by side (docs/performance/notes/2026-12-06-float16-many-input.md).
 inline __attribute__((always_inline)) F add_down(F a, F b) {
-  return _mm512_add_round_ps(a, b, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return _mm512_fmadd_round_ps(b, _mm512_set1_ps(1.0f), a,
+                               _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
 }
 
 inline __attribute__((always_inline)) F add_up(F a, F b) {
@@ -278,8 +284,10 @@ inline __attribute__((always_inline)) bool pair_span_fits(const PairSpan& s, int
   return bad == 0;
 }
 
-// 16 float32 values (as bits) rounded to nearest even to 16 bits.
-template <bool Bf16>
+// 16 float32 values (as bits) rounded to nearest even to 16 bits. MaybeNaN
+// false: the caller knows that no value is a NaN (float16 then skips the
+// default-NaN fix-up).
+template <bool Bf16, bool MaybeNaN = true>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u) {
   __m256i h;
   if constexpr (Bf16) {
@@ -287,8 +295,10 @@ inline __attribute__((always_inline)) void store16f(unsigned char* p, __m512i u)
   } else {
     const __m512 f = _mm512_castsi512_ps(u);
     h = _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
-    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
+    if constexpr (MaybeNaN) {
+      const __mmask16 nan = _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q);
+      h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
+    }
   }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
 }
@@ -557,8 +567,10 @@ inline __attribute__((always_inline)) bool pair_span_fits(const PairSpan& s, int
   return _mm256_testz_si256(bad, bad);
 }
 
-// 8 float32 values (as bits) rounded to nearest even to 16 bits.
-template <bool Bf16>
+// 8 float32 values (as bits) rounded to nearest even to 16 bits. MaybeNaN
+// false: the caller knows that no value is a NaN (float16 then skips the
+// default-NaN fix-up).
+template <bool Bf16, bool MaybeNaN = true>
 inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u) {
   __m128i h;
   if constexpr (Bf16) {
@@ -567,10 +579,12 @@ inline __attribute__((always_inline)) void store16f(unsigned char* p, __m256i u)
   } else {
     const __m256 f = _mm256_castsi256_ps(u);
     h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-    const __m128i nan16 =
-        _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
-    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan16);
+    if constexpr (MaybeNaN) {
+      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+      const __m128i nan16 =
+          _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+      h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan16);
+    }
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
 }
