@@ -53,6 +53,7 @@ namespace neon {
 constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "neon";
 constexpr bool kDirectedRounding = false;  // no rounding in the instruction
+constexpr bool kFloat16Pairs = false;      // pair_sum_float32's loop serves float16
 
 // 8 16-bit encodings.
 using H = uint16x8_t;

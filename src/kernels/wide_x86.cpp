@@ -309,6 +309,48 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
       p, _mm512_inserti64x4(_mm512_castsi256_si512(round_to_odd(v.lo)), round_to_odd(v.hi), 1));
 }
 
+// The two-input float16 sum (or avg) in 256-bit halves, rounded once in
+// float32 as kernels/wide_loops.inc's pair_sum_float32 does. On a Zen 4
+// core vcvtph2ps and vcvtps2ph on 512-bit registers take more than twice
+// their 256-bit forms, and the NaN fix-up is a branch on a mask that is
+// nearly always clear: 1.2-1.3x the 512-bit loop's speed in cache
+// (docs/performance/notes/2026-12-06-float16-many-input.md). n is a
+// multiple of 16. Called as float16_pairs(std::bool_constant<Half>{}, ...).
+constexpr bool kFloat16Pairs = true;
+
+// 8 float16 values as float32 (exact).
+inline __attribute__((always_inline)) __m256 load8h(const unsigned char* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <bool Half>
+inline __attribute__((always_inline)) void float16_pairs(std::bool_constant<Half>, unsigned char* d,
+                                                         const unsigned char* x,
+                                                         const unsigned char* y, std::size_t n) {
+  const __m256 half = _mm256_set1_ps(0.5f);
+  for (std::size_t i = 0; i < n; i += 16) {
+    __m256 a1 = load8h(x + 2 * i), a2 = load8h(x + 2 * i + 16);
+    __m256 b1 = load8h(y + 2 * i), b2 = load8h(y + 2 * i + 16);
+    if constexpr (Half) {  // halve first: the sum of two may pass float32's range
+      a1 = _mm256_mul_ps(a1, half);
+      a2 = _mm256_mul_ps(a2, half);
+      b1 = _mm256_mul_ps(b1, half);
+      b2 = _mm256_mul_ps(b2, half);
+    }
+    const __m256 s1 = _mm256_add_ps(a1, b1), s2 = _mm256_add_ps(a2, b2);
+    __m128i h1 = _mm256_cvtps_ph(s1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m128i h2 = _mm256_cvtps_ph(s2, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __mmask8 nan1 = _mm256_cmp_ps_mask(s1, s1, _CMP_UNORD_Q);
+    const __mmask8 nan2 = _mm256_cmp_ps_mask(s2, s2, _CMP_UNORD_Q);
+    if (__builtin_expect((nan1 | nan2) != 0, 0)) {  // the default quiet NaN
+      h1 = _mm_mask_mov_epi16(h1, nan1, _mm_set1_epi16(0x7e00));
+      h2 = _mm_mask_mov_epi16(h2, nan2, _mm_set1_epi16(0x7e00));
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i), h1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i + 16), h2);
+  }
+}
+
 #include "kernels/wide_loops.inc"
 }  // namespace avx512
 }  // namespace
@@ -379,6 +421,7 @@ namespace avx2 {
 constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "avx2";
 constexpr bool kDirectedRounding = false;  // no rounding in the instruction
+constexpr bool kFloat16Pairs = false;      // pair_sum_float32's loop serves float16
 
 struct V {
   __m256d lo, hi;
