@@ -314,9 +314,20 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 // core vcvtph2ps and vcvtps2ph on 512-bit registers take more than twice
 // their 256-bit forms, and the NaN fix-up is a branch on a mask that is
 // nearly always clear: 1.2-1.3x the 512-bit loop's speed in cache
-// (docs/performance/notes/2026-12-06-float16-many-input.md). n is a
-// multiple of 16. Called as float16_pairs(std::bool_constant<Half>{}, ...).
+// (docs/performance/notes/2026-12-06-float16-many-input.md). Intel cores
+// run the 512-bit conversions at full width and were not measured, so
+// there float16_pairs declines (returns false) and pair_sum_float32's own
+// loop runs. n is a multiple of 16. Called as
+// float16_pairs(std::bool_constant<Half>{}, ...).
 constexpr bool kFloat16Pairs = true;
+
+inline bool float16_pairs_pay_off() {
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+}
 
 // 8 float16 values as float32 (exact).
 inline __attribute__((always_inline)) __m256 load8h(const unsigned char* p) {
@@ -324,9 +335,10 @@ inline __attribute__((always_inline)) __m256 load8h(const unsigned char* p) {
 }
 
 template <bool Half>
-inline __attribute__((always_inline)) void float16_pairs(std::bool_constant<Half>, unsigned char* d,
+inline __attribute__((always_inline)) bool float16_pairs(std::bool_constant<Half>, unsigned char* d,
                                                          const unsigned char* x,
                                                          const unsigned char* y, std::size_t n) {
+  if (!float16_pairs_pay_off()) return false;
   const __m256 half = _mm256_set1_ps(0.5f);
   for (std::size_t i = 0; i < n; i += 16) {
     __m256 a1 = load8h(x + 2 * i), a2 = load8h(x + 2 * i + 16);
@@ -349,6 +361,7 @@ inline __attribute__((always_inline)) void float16_pairs(std::bool_constant<Half
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i), h1);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * i + 16), h2);
   }
+  return true;
 }
 
 #include "kernels/wide_loops.inc"
