@@ -1,4 +1,5 @@
 #include "kernels/copy.hpp"
+#include "kernels/target.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -86,11 +87,7 @@ const char* copy_streaming_isa() {
 }
 
 bool streaming_pays_off() {
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  return amd;
+  return cpu_is_amd();
 }
 
 #else

@@ -18,4 +18,16 @@ bool sve_available() {
 #endif
 }
 
+bool cpu_is_amd() {
+#if defined(__x86_64__)
+  static const bool amd = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+  }();
+  return amd;
+#else
+  return false;
+#endif
+}
+
 }  // namespace shmring::detail

@@ -50,4 +50,8 @@ namespace shmring::detail {
 /// on AArch64 Linux, false elsewhere. Cached after the first call.
 bool sve_available();
 
+/// Whether this is an AMD x86 CPU (`__builtin_cpu_is("amd")`), for the
+/// choices measured only there; false elsewhere. Cached after the first call.
+bool cpu_is_amd();
+
 }  // namespace shmring::detail

@@ -36,6 +36,7 @@
 // (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
 // tails of fewer than one vector go to the portable loops.
 
+#include "kernels/target.hpp"
 #include "kernels/wide.hpp"
 #include "kernels/wide_kernels.hpp"
 
@@ -321,14 +322,6 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 // float16_pairs(std::bool_constant<Half>{}, ...).
 constexpr bool kFloat16Pairs = true;
 
-inline bool float16_pairs_pay_off() {
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") != 0;
-  }();
-  return amd;
-}
-
 // 8 float16 values as float32 (exact).
 inline __attribute__((always_inline)) __m256 load8h(const unsigned char* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -338,7 +331,7 @@ template <bool Half>
 inline __attribute__((always_inline)) bool float16_pairs(std::bool_constant<Half>, unsigned char* d,
                                                          const unsigned char* x,
                                                          const unsigned char* y, std::size_t n) {
-  if (!float16_pairs_pay_off()) return false;
+  if (!cpu_is_amd()) return false;
   const __m256 half = _mm256_set1_ps(0.5f);
   for (std::size_t i = 0; i < n; i += 16) {
     __m256 a1 = load8h(x + 2 * i), a2 = load8h(x + 2 * i + 16);
