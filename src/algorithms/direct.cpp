@@ -23,8 +23,9 @@
 // load-buffering outcome is excluded by release/acquire). In the other
 // direction r's copy into the buffer precedes announce()'s release store,
 // and readers wait_announced() with an acquire load before reading. x86
-// streaming stores in c.copy() are not ordered by a release store alone:
-// copy_streaming() ends with sfence for that reason.
+// streaming stores (a broadcast root's copy_to_direct may choose them) are
+// not ordered by a release store alone: copy_streaming() ends with sfence
+// for that reason.
 //
 // Who checks whom (so that any disagreement is seen by someone):
 //   allreduce, reduce-scatter, allgather, barrier: every rank checks every rank;
@@ -52,9 +53,22 @@ void reduce_all(CommState& c, std::byte* out, std::size_t offset_bytes, std::siz
       dtype, op);
 }
 
-void publish_data(CommState& c, const void* data, std::size_t bytes) {
+// The one-shot reductions' copies stay plain (`streamable` false). N=2, on
+// the AMD VM: streamed, a reduce-scatter ran 3x faster while the two
+// vCPUs sat on different L3s (64 KiB 19.2 -> 6.3 us) but 1.3-1.6x slower
+// while they shared one (16 KiB 1.46 -> 2.2-2.4 us, 64 KiB 5.6 -> 7.1-7.7),
+// also out of place with the rank's own term read from `send`; a reduce
+// alike. A broadcast root's copy streams where copy_to_direct says so: 64
+// KiB 7.6 -> 4.5 us on one L3, 29.5 -> 4.2 apart
+// (docs/performance/notes/2026-12-06-direct-buffer-stores.md).
+void publish_data(CommState& c, const void* data, std::size_t bytes, bool streamable) {
   std::byte* mine = c.acquire_direct_buffer();
-  if (bytes > 0) c.copy(mine, data, bytes);
+  if (bytes > 0) {
+    if (streamable)
+      c.copy_to_direct(mine, data, bytes);
+    else
+      c.copy(mine, data, bytes);
+  }
   c.announce();
 }
 
@@ -63,7 +77,7 @@ void publish_data(CommState& c, const void* data, std::size_t bytes) {
 void allreduce_direct(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
                       ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  publish_data(c, send, count * es);
+  publish_data(c, send, count * es, /*streamable=*/false);
   c.wait_every_announced();
   if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
 }
@@ -71,7 +85,7 @@ void allreduce_direct(CommState& c, const void* send, void* recv, std::size_t co
 void reduce_scatter_direct(CommState& c, const void* send, void* recv, std::size_t recv_count,
                            DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  publish_data(c, send, static_cast<std::size_t>(c.size) * recv_count * es);
+  publish_data(c, send, static_cast<std::size_t>(c.size) * recv_count * es, /*streamable=*/false);
   c.wait_every_announced();
   if (recv_count > 0)
     reduce_all(c, static_cast<std::byte*>(recv), static_cast<std::size_t>(c.rank) * recv_count * es,
@@ -81,7 +95,7 @@ void reduce_scatter_direct(CommState& c, const void* send, void* recv, std::size
 void allgather_direct(CommState& c, const void* send, void* recv, std::size_t send_count,
                       DataType dtype) {
   const std::size_t bytes = send_count * datatype_size(dtype);
-  publish_data(c, send, bytes);
+  publish_data(c, send, bytes, /*streamable=*/false);
   c.wait_every_announced();
   auto* out = static_cast<std::byte*>(recv);
   for (int q = 0; q < c.size; ++q) {
@@ -93,7 +107,7 @@ void allgather_direct(CommState& c, const void* send, void* recv, std::size_t se
 void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dtype, int root) {
   const std::size_t bytes = count * datatype_size(dtype);
   if (c.rank == root) {
-    publish_data(c, buffer, bytes);
+    publish_data(c, buffer, bytes, /*streamable=*/true);
     c.wait_every_announced();
   } else {
     c.acquire_direct_buffer();  // keeps every rank's pace bounded the same way
@@ -108,7 +122,7 @@ void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dt
 void reduce_direct(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
                    ReduceOp op, int root) {
   const std::size_t es = datatype_size(dtype);
-  publish_data(c, send, count * es);
+  publish_data(c, send, count * es, /*streamable=*/false);
   if (c.rank == root) {
     c.wait_every_announced();
     if (count > 0) reduce_all(c, static_cast<std::byte*>(recv), 0, count, dtype, op);
@@ -140,7 +154,7 @@ void barrier_direct(CommState& c) {
 void allreduce_two_shot(CommState& c, const void* send, void* recv, std::size_t count,
                         DataType dtype, ReduceOp op) {
   const std::size_t es = datatype_size(dtype);
-  publish_data(c, send, count * es);
+  publish_data(c, send, count * es, /*streamable=*/false);
   c.wait_every_announced();
   auto* out = static_cast<std::byte*>(recv);
   const detail::Range mine = detail::chunk_range(count, c.size, c.rank);

@@ -152,7 +152,7 @@ inline constexpr Setting kSettings[] = {
    .number_lo = 0, .number_hi = 1e7},
   {.name = "SHMRING_NT_STORES", .kind = Kind::choice, .audience = Audience::tuning,
    .default_value = "auto", .expected = "auto, 0 or never, 1 or always",
-   .doc = "Non-temporal stores for slot copies; auto: on AMD, slices of 16 KiB and more take whichever of plain and non-temporal stores each rank measures faster.",
+   .doc = "Non-temporal stores for the copies peers read (slots; direct buffers, except the reductions'); auto: on AMD, copies of 16 KiB and more take whichever of plain and non-temporal stores each rank measures faster (into direct buffers only where ranks have CPUs of their own).",
    .choices = "auto,0=never,never,1=always,always"},
   {.name = "SHMRING_MIGRATE", .kind = Kind::integer, .audience = Audience::tuning,
    .default_value = "1", .expected = "",

@@ -83,4 +83,18 @@ void CommState::copy_to_slot(std::byte* slot, const void* src, std::size_t bytes
     slot_stores.record(nt ? Kind::streaming : Kind::plain, bytes, start, call_clock.now());
 }
 
+void CommState::copy_to_direct(std::byte* buffer, const void* src, std::size_t bytes) {
+  // N=2 on CPUs of their own, 64 KiB, on the AMD VM with the vCPUs on
+  // different L3s (docs/performance/notes/2026-12-06-direct-buffer-stores.md):
+  // broadcast 29.5 -> 4.2 us, alltoall 18.0 -> 4.8, scatter 14.7 -> 2.4;
+  // eager gathers / scatters of 64 KiB blocks, 7.8-10.0 / 8.7-8.8 ->
+  // 5.5-5.7 / 4.5-4.6 us (Open MPI 7.6 / 7.6). Ranks sharing CPUs (N=4 on
+  // 2): a direct reduce-scatter took 14.3 -> 19.0 us with the measured
+  // choice, hence plain stores there unless SHMRING_NT_STORES says always.
+  if (config.oversubscribed && config.nt_stores != NtStores::always)
+    copy(buffer, src, bytes);
+  else
+    copy_to_slot(buffer, src, bytes);
+}
+
 }  // namespace shmring

@@ -343,6 +343,13 @@ struct CommState {
   /// auto on AMD, slices of 16 KiB and more take the kind that slot_stores
   /// measures faster for this rank now (kernels/slot_stores.hpp). Fenced.
   void copy_to_slot(std::byte* slot, const void* src, std::size_t bytes);
+  /// copy() into one of our direct buffers for peers to read (a broadcast
+  /// root's data, the staged rounds' blocks but the reductions', eager
+  /// blocks): copy_to_slot's rule where the ranks have CPUs of their own,
+  /// plain stores where they share CPUs unless config.nt_stores says always
+  /// (a reader on the writer's CPU finds the data in that CPU's cache).
+  /// Fenced.
+  void copy_to_direct(std::byte* buffer, const void* src, std::size_t bytes);
   /// The chooser behind copy_to_slot's auto rule (one per communicator; the
   /// running thread's).
   detail::SlotStoreChooser slot_stores;

@@ -1,7 +1,8 @@
 // reduce_scatter, allgather, broadcast, reduce and barrier against serial
 // references: values distinct per (rank, index), N in {1, 2, 3, 5, 8},
 // uneven and zero counts, every root, both algorithms (direct for small
-// messages, ring/chain for large, and each forced with SHMRING_ALGO).
+// messages, ring/chain for large, and each forced with SHMRING_ALGO), and
+// streaming stores forced on.
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -21,10 +22,11 @@ std::int64_t value(int rank, std::size_t i) {
 }
 
 // Small counts take the direct path, the large one the ring (its buffer is
-// bigger than the 64 KiB direct buffers).
+// bigger than the 64 KiB direct buffers). 6007 int64 (47 KiB) fill most of
+// a direct buffer, past the 16 KiB from which its writes may stream.
 std::vector<std::size_t> counts(int n) {
   auto N = static_cast<std::size_t>(n);
-  return {0, 1, N - 1 + (n == 1), N + 1, 1009, 70001};
+  return {0, 1, N - 1 + (n == 1), N + 1, 1009, 6007, 70001};
 }
 
 void check_all_collectives(Communicator& comm) {
@@ -88,11 +90,14 @@ void check_all_collectives(Communicator& comm) {
 
 // oversubscribed: the job says so (Options::oversubscribed = 1), so the
 // ring and chain steps move 64 KiB slices, not whole 256 KiB slots.
-void run(int n, const char* algo, bool oversubscribed = false) {
+// streaming: SHMRING_NT_STORES=1, every copy into a slot or a direct buffer
+// that may stream does.
+void run(int n, const char* algo, bool oversubscribed = false, bool streaming = false) {
   auto status = test::run_processes(
       n,
       [&, job = test::unique_job_id("coll")](int r) {
         if (algo) setenv("SHMRING_ALGO", algo, 1);
+        if (streaming) setenv("SHMRING_NT_STORES", "1", 1);
         Options o;
         o.rank = r;
         o.world_size = n;
@@ -102,6 +107,9 @@ void run(int n, const char* algo, bool oversubscribed = false) {
         if (oversubscribed)
           SHMRING_CHILD_CHECK(comm.config().slice_bytes == 64 * 1024, "rank %d: slice_bytes %zu", r,
                               comm.config().slice_bytes);
+        if (streaming)
+          SHMRING_CHILD_CHECK(comm.config().nt_stores == NtStores::always,
+                              "rank %d: nt_stores not forced", r);
         check_all_collectives(comm);
       },
       300);
@@ -133,6 +141,14 @@ TEST_CASE("every collective matches the serial reference in 64 KiB slices (overs
   // The 70001-element buffers cross several slices (int64: 8 of 64 KiB).
   run(2, nullptr, true);
   run(3, "ring", true);
+}
+TEST_CASE("every collective matches the serial reference with streaming stores, N=2 and N=3") {
+  // Streaming stores into the slots and the direct buffers that may stream
+  // (a broadcast root's, staged blocks), also where the ranks share CPUs
+  // (N=3 on the 2-CPU machine), with the store fence before every publish
+  // as the only ordering.
+  run(2, nullptr, false, true);
+  run(3, nullptr, false, true);
 }
 
 namespace {

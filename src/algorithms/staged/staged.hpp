@@ -76,7 +76,11 @@ class Rounds {
   /// Copies n bytes of a writer's block into its round buffer `dst`: into
   /// the slot area as the ring writes its slots (copy_to_slot: plain or
   /// streaming stores, whichever this rank measures faster where streaming
-  /// may pay), into a direct buffer with plain stores. N=2, 128 KiB blocks
+  /// may pay), into a direct buffer as a broadcast root writes its own
+  /// (copy_to_direct: the same, but plain where ranks share CPUs; N=2, 64
+  /// KiB: allgather 17.5 -> 4.2 us, alltoall 18.2-18.5 -> 4.9-5.1, scatter
+  /// 14.9-15.1 -> 2.5-2.7 on the AMD VM with the vCPUs on different L3s,
+  /// level or faster on one L3). N=2, 128 KiB blocks
   /// (gather and scatter of 256 KiB): 17.8 -> 12.8 us streamed
   /// (docs/performance/notes). Ranks that share CPUs once always wrote plain,
   /// since a reader on the writer's CPU finds the slice in that CPU's cache
@@ -84,9 +88,15 @@ class Rounds {
   /// us); the measured choice is level with plain stores there and 2-3x
   /// faster where the CPUs sit on different L3s
   /// (docs/performance/notes/2026-12-05-adaptive-slot-stores.md).
-  void put(std::byte* dst, const void* src, std::size_t n) {
+  /// `streamable` false (the reductions' blocks): into a direct buffer
+  /// with plain stores, as the one-shot reductions write theirs (direct.cpp,
+  /// publish_data: streamed, their readers were slower while the ranks
+  /// shared an L3).
+  void put(std::byte* dst, const void* src, std::size_t n, bool streamable = true) {
     if (big_)
       c_.copy_to_slot(dst, src, n);
+    else if (streamable)
+      c_.copy_to_direct(dst, src, n);
     else
       c_.copy(dst, src, n);
   }

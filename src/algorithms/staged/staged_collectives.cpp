@@ -209,7 +209,7 @@ void reduce_staged(CommState& c, const void* send, void* recv, std::size_t count
       nullptr, [&] { return bytes; },
       [&](std::byte* buf, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(bytes, si, lane);
-        if (s.bytes > 0) r.put(buf, in + s.begin, s.bytes);
+        if (s.bytes > 0) r.put(buf, in + s.begin, s.bytes, /*streamable=*/false);
       },
       [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {
         const Slice s = slice_of(bytes, si, lane);
@@ -313,7 +313,8 @@ void reduce_scatter_v_staged(CommState& c, const void* send, void* recv, const V
         // `send`, and the reduction must not read what it writes.
         for (int j = 0; j < n; ++j) {
           const Slice s = slice_of(v.recv_counts[j] * es, si, lane);
-          if (s.bytes > 0) r.put(buf + j * lane, in + offset[j] + s.begin, s.bytes);
+          if (s.bytes > 0)
+            r.put(buf + j * lane, in + offset[j] + s.begin, s.bytes, /*streamable=*/false);
         }
       },
       [&](std::uint64_t k, std::uint64_t si, std::size_t lane) {

@@ -48,19 +48,6 @@ std::byte* eager_buffer(CommState& c) {
   return c.acquire_direct_buffer();
 }
 
-// An eager block goes into its direct buffer through copy_to_slot, as a
-// slot round's does (Rounds::put), unless ranks share CPUs: these blocks are
-// at most a direct buffer (64 KiB), and the measured choice for shared CPUs
-// was measured with slot rounds of 512 KiB and more only. N=2, back-to-back gathers / scatters of
-// 64 KiB blocks (128 KiB in all), 3 interleaved runs: 7.8-10.0 / 8.7-8.8 us with plain stores,
-// 5.5-5.7 / 4.5-4.6 with streaming ones (Open MPI 7.6 / 7.6).
-void put_eager(CommState& c, std::byte* dst, const void* src, std::size_t bytes) {
-  if (c.config.oversubscribed)
-    c.copy(dst, src, bytes);
-  else
-    c.copy_to_slot(dst, src, bytes);
-}
-
 }  // namespace
 
 void gather_eager(CommState& c, const void* send, std::byte* out, std::size_t bytes, int root) {
@@ -70,7 +57,7 @@ void gather_eager(CommState& c, const void* send, std::byte* out, std::size_t by
   c.step = 0;
   if (me != root) {
     std::byte* buf = eager_buffer(c);
-    if (bytes > 0) put_eager(c, buf, send, bytes);
+    if (bytes > 0) c.copy_to_direct(buf, send, bytes);
     c.announce();
     // The previous collective's gather, if it was one of ours: confirmed
     // after our block is out, so the two overlap.
@@ -110,7 +97,7 @@ void scatter_eager(CommState& c, const std::byte* in, void* recv, std::size_t by
     if (bytes > 0)
       for (int j = 0; j < n; ++j)
         if (j != root)
-          put_eager(c, buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
+          c.copy_to_direct(buf + algo::lane_index(root, j, n) * lane, in + j * bytes, bytes);
     c.announce();
     eager_state(c).scatter_unchecked = c.collectives + 1;
     eager_state(c).scatter_desc = *c.current;
