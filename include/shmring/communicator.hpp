@@ -28,8 +28,9 @@ struct CollectiveStats {
   /// Of time_ns, the time this rank was blocked on a peer: in waits for a
   /// peer's shared counter (its arrival, its data, room in its slots) that
   /// outlasted the spin and yield phases (2 ms by default), from their first
-  /// slow check on (docs/design/recorder.md). Waits inside the one-line and
-  /// eager paths that poll a peer's line directly are not counted.
+  /// slow check on (docs/design/recorder.md). The one-line and eager paths
+  /// poll a peer's line during the spin phase and fall back to such a wait,
+  /// so a late peer is counted there too.
   std::uint64_t wait_ns = 0;
 };
 

@@ -98,12 +98,7 @@ const detail::LowLatencyLine& CommState::wait_low_latency(int peer) {
         low_latency.announced = true;
       }
       policy.spin_ns = 0;
-      std::optional<detail::Clock::time_point> wait_deadline;
-      detail::Counter& announced = area(peer).announced;
-      detail::wait_at_least(announced, want, policy, [&] {
-        if (!wait_deadline) wait_deadline = deadline();
-        check_progress(peer, "the start of the collective", *wait_deadline, announced, want);
-      });
+      wait_counter(area(peer).announced, want, peer, "the start of the collective", policy);
       if (!ready()) {
         check_descriptor(peer);  // throws: the peer is in another collective or path
         fail(MismatchError(fmt::format(
@@ -152,6 +147,9 @@ detail::LowLatencyLine& publish_line(CommState& c, const void* data, std::size_t
   // follows once we leave a spin or finish (wait_all_lines).
   line.seq.store(c.collectives + 1, std::memory_order_release);
   c.low_latency.announced = false;
+  // The call's clock read and recorder entry, which begin() left to us:
+  // here they overlap the line's transfer (state.hpp start_deferred).
+  if (c.start_deferred) c.stamp_start();
   return line;
 }
 

@@ -226,6 +226,11 @@ std::string CommState::with_diagnosis(std::string msg) {
 void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                              const char* what) {
   if (counter.value.load(std::memory_order_acquire) >= target) return;
+  wait_counter(counter, target, peer, what, policy_for(peer));
+}
+
+void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
+                             const char* what, const detail::WaitPolicy& policy) {
   // A wait that outlasts the spin and yield phases is timed from its first
   // slow check on (stats() wait_ns), and the recorder head tells `shmrun
   // --status` whom this rank waits for, since when, at which step. Shorter
@@ -241,7 +246,6 @@ void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int
       if (c.rec_head) c.rec_head->wait_since_ns.store(0, std::memory_order_relaxed);
     }
   } done{*this, t0};
-  detail::WaitPolicy policy = policy_for(peer);
   // The deadline bounds each wait, not the whole collective: a huge buffer
   // may take longer than SHMRING_TIMEOUT while every step makes progress.
   // It starts at the first slow check, after the spin and yield phases.
@@ -300,11 +304,12 @@ void CommState::begin(const CollectiveDesc& d) {
     if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   current = d;
   step = -1;
-  call_start_ns = call_clock.now();
   call_wait_ns = 0;
-  if (rec_n != 0)
-    detail::recorder_write_call(rec_current(), collectives, d, current_bytes, detail::kCallStarted,
-                                call_start_ns);
+  // A low-latency call whose line is free at once stamps its start after
+  // publishing the line (start_deferred); every other call here.
+  start_deferred =
+      d.algorithm == Algorithm::low_latency && size > 1 && low_latency.read == collectives;
+  if (!start_deferred) stamp_start();
   ring.left_checked = ring.right_checked = false;
   if (size == 1) return;
   auto& desc = my_area().desc[collectives % detail::kDescRing];
@@ -320,6 +325,14 @@ void CommState::begin(const CollectiveDesc& d) {
   desc.seq.store(collectives + 1, std::memory_order_release);
   if (pending.at_begin) pending.at_begin(*this);
   if (d.algorithm == Algorithm::ring) announce();
+}
+
+void CommState::stamp_start() {
+  start_deferred = false;
+  call_start_ns = call_clock.now();
+  if (rec_n != 0)
+    detail::recorder_write_call(rec_current(), collectives, *current, current_bytes,
+                                detail::kCallStarted, call_start_ns);
 }
 
 void CommState::announce() {
@@ -425,6 +438,8 @@ void CommState::check_descriptor(int peer) {
 }
 
 std::uint64_t CommState::end() {
+  if (start_deferred) [[unlikely]]
+    stamp_start();
   if (pending.at_end) pending.at_end(*this);
   if (size > 1) publish(my_area().done, collectives + 1);
   std::uint64_t now = 0;
@@ -463,6 +478,7 @@ void CommState::trace_call(std::uint64_t end_ns, bool failed) {
 }
 
 void CommState::record_failure() {
+  if (start_deferred && current) stamp_start();
   if (trace && current && call_start_ns != 0) {
     trace_call(call_clock.now(), true);
     call_start_ns = 0;  // one span per call, however many failure paths see it

@@ -163,7 +163,17 @@ struct CommState {
   // Start and end of each call: the cycle counter on CLOCK_MONOTONIC's
   // timeline (base/clock.hpp), cheaper than two clock_gettime per call.
   detail::FastClock call_clock;
-  std::uint64_t call_start_ns = 0;   // when the running call began
+  std::uint64_t call_start_ns = 0;  // when the running call began
+  /// begin() left the clock read and the recorder's "started" entry to the
+  /// low-latency path, which stamps them right after publishing its line,
+  /// while the peers' lines are on their way: before the line they delayed
+  /// every 8-byte call (docs/design/recorder.md, "Cost"). Only where no
+  /// wait can come first (the line is free at once); end() and the
+  /// failure paths stamp a start left unstamped.
+  bool start_deferred = false;
+  /// Reads the clock into call_start_ns and writes the recorder's
+  /// "started" entry for the call in flight.
+  void stamp_start();
   std::uint64_t call_wait_ns = 0;    // its blocked waits so far
   std::uint64_t call_queued_ns = 0;  // when it was queued (Op::queued_ns)
   // SHMRING_TRACE (core/trace.hpp, docs/guide/tracing.md): this
@@ -196,6 +206,12 @@ struct CommState {
   /// does not succeed at once first makes sure we do not sit on `peer`'s
   /// CPU (placement.hpp).
   void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what);
+  /// The same under `policy`: a caller that has already spun on a line of
+  /// the peer's (the low-latency and eager lines) passes spin_ns = 0 and
+  /// falls back here, so that its slow phase is timed and shown in the
+  /// recorder head as every other wait's is.
+  void wait_counter(detail::Counter& counter, std::uint64_t target, int peer, const char* what,
+                    const detail::WaitPolicy& policy);
   /// Publishes a counter of this rank's (wait.hpp publish()).
   void publish(detail::Counter& counter, std::uint64_t v) {
     detail::publish(counter, v, light_publish);

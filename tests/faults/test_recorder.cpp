@@ -61,7 +61,12 @@ std::string row_of(const std::string& table, int rank) {
 
 }  // namespace
 
-TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its last call") {
+namespace {
+
+// Rank 2 stalls before allreduce #1000 of `count` float32 (10000: the
+// direct path; 2: the low-latency line, which stamps the start of a call
+// after publishing its line, src/algorithms/low_latency.cpp).
+void stall_before_1000(std::size_t count, const char* name) {
   const test::TempDir tmp("shmring-recorder");
   const std::string& dir = tmp.path();
   REQUIRE(!dir.empty());
@@ -72,11 +77,11 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
   const bool with_status = *shmrun != '\0';
   // Messages and the status table, back to the parent.
   test::MessageBoard board(5);
-  const std::string job = test::unique_job_id("stall");
+  const std::string job = test::unique_job_id(name);
   auto status = test::run_processes(4, [&](int r) {
     setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
     Communicator comm(opts(r, 4, job));
-    std::vector<float> x(10000, 1.0f);
+    std::vector<float> x(count, 1.0f);
     for (int i = 0; i < 1000; ++i) comm.allreduce(std::span<float>(x), ReduceOp::sum);
     if (r == 2) {
       // The others wait in #1000 now; they time out 2 s after it began.
@@ -127,8 +132,9 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
     REQUIRE(calls.size() == 64);  // SHMRING_RECORDER_ENTRIES' default
     const auto& last = calls.back();
     CHECK(last["kind"] == "allreduce");
-    CHECK(last["count"] == 10000);
-    CHECK(last["bytes"] == 40000);
+    CHECK(last["count"] == count);
+    CHECK(last["bytes"] == count * sizeof(float));
+    CHECK(last["start_ns"].get<std::uint64_t>() > 0);
     CHECK(last["dtype"] == "float32");
     CHECK(last["op"] == "sum");
     if (r == 2) {
@@ -156,6 +162,16 @@ TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its la
   } else {
     MESSAGE("cross build: shmrun --status not run (SHMRUN is empty)");
   }
+}
+
+}  // namespace
+
+TEST_CASE("rank 2 stalls before allreduce #1000: every error names it and its last call") {
+  stall_before_1000(10000, "stall");
+}
+
+TEST_CASE("the same with 8-byte allreduces (the low-latency line)") {
+  stall_before_1000(2, "stall-ll");
 }
 
 TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per kind") {
@@ -193,6 +209,18 @@ TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per ki
     auto req = comm.iallreduce(x.data(), x.data(), 10, DataType::float32, ReduceOp::max);
     req.wait();
     SHMRING_CHILD_CHECK(comm.stats()[0].calls == 12, "rank %d: the async call counts", r);
+    // A low-latency call's wait counts as well, once it falls back from
+    // polling the peer's line to the peer's counter.
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm.barrier();
+    std::uint64_t barrier_wait_ns = 0, barriers = 0;
+    for (const auto& k : comm.stats())
+      if (k.collective == "barrier") barrier_wait_ns = k.wait_ns, barriers = k.calls;
+    SHMRING_CHILD_CHECK(barriers == 1, "rank %d: %llu barriers", r,
+                        static_cast<unsigned long long>(barriers));
+    if (r == 0)
+      SHMRING_CHILD_CHECK(barrier_wait_ns >= 250'000'000, "rank 0's barrier waited %llu ns",
+                          static_cast<unsigned long long>(barrier_wait_ns));
   });
   CHECK(test::all_zero(status));
 }

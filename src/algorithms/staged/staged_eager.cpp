@@ -193,12 +193,7 @@ const detail::EagerLine& wait_eager_line(CommState& c, int peer, std::uint64_t i
     detail::WaitPolicy policy = c.policy_for(peer);  // as wait_low_latency
     if (!detail::spin_until(policy, ready)) {
       policy.spin_ns = 0;
-      std::optional<detail::Clock::time_point> wait_deadline;
-      detail::Counter& announced = c.area(peer).announced;
-      detail::wait_at_least(announced, want, policy, [&] {
-        if (!wait_deadline) wait_deadline = c.deadline();
-        c.check_progress(peer, "an eager block", *wait_deadline, announced, want);
-      });
+      c.wait_counter(c.area(peer).announced, want, peer, "an eager block", policy);
       if (!ready()) {
         c.check_descriptor(peer);
         c.fail(MismatchError(fmt::format(
