@@ -221,6 +221,20 @@ TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per ki
     if (r == 0)
       SHMRING_CHILD_CHECK(barrier_wait_ns >= 250'000'000, "rank 0's barrier waited %llu ns",
                           static_cast<unsigned long long>(barrier_wait_ns));
+    // And an eager gather's (8 bytes: the root reads rank 1's eager line).
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::int64_t mine = r;
+    std::int64_t all[2] = {-1, -1};
+    comm.gather(&mine, all, 1, DataType::int64, 0);
+    std::uint64_t gather_wait_ns = 0;
+    for (const auto& k : comm.stats())
+      if (k.collective == "gather") gather_wait_ns = k.wait_ns;
+    if (r == 0) {
+      SHMRING_CHILD_CHECK(all[0] == 0 && all[1] == 1, "rank 0 gathered %lld, %lld",
+                          static_cast<long long>(all[0]), static_cast<long long>(all[1]));
+      SHMRING_CHILD_CHECK(gather_wait_ns >= 250'000'000, "rank 0's gather waited %llu ns",
+                          static_cast<unsigned long long>(gather_wait_ns));
+    }
   });
   CHECK(test::all_zero(status));
 }
