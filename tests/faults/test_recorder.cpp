@@ -59,10 +59,6 @@ std::string row_of(const std::string& table, int rank) {
   return "";
 }
 
-}  // namespace
-
-namespace {
-
 // Rank 2 stalls before allreduce #1000 of `count` float32 (10000: the
 // direct path; 2: the low-latency line, which stamps the start of a call
 // after publishing its line, src/algorithms/low_latency.cpp).
