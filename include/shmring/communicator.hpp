@@ -21,14 +21,17 @@ namespace shmring {
 
 /// One collective kind's counters on this rank (Communicator::stats()).
 struct CollectiveStats {
-  std::string collective;     ///< "allreduce", "broadcast", ...
-  std::uint64_t calls = 0;    ///< calls completed
-  std::uint64_t bytes = 0;    ///< their bytes: this rank's result buffer per call
+  std::string collective;   ///< "allreduce", "broadcast", ...
+  std::uint64_t calls = 0;  ///< calls completed
+  /// Their bytes: this rank's result buffer per call (an allgather's or
+  /// alltoall's whole recv, a gather root's size() blocks), or, on a rank
+  /// that receives nothing (a gather's or reduce's non-root), its send block.
+  std::uint64_t bytes = 0;
   std::uint64_t time_ns = 0;  ///< time inside those calls, from start to end (steady clock)
   /// Of time_ns, the time this rank was blocked on a peer: in waits for a
   /// peer's shared counter (its arrival, its data, room in its slots) that
-  /// outlasted the spin and yield phases (2 ms by default), from their first
-  /// slow check on (docs/design/recorder.md). The one-line and eager paths
+  /// outlasted the spin and yield phases (2 ms by default), each counted
+  /// from its start (docs/design/recorder.md). The one-line and eager paths
   /// poll a peer's line during the spin phase and fall back to such a wait,
   /// so a late peer is counted there too.
   std::uint64_t wait_ns = 0;

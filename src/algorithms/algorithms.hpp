@@ -40,7 +40,6 @@ void allgather_direct(CommState& c, const void* send, void* recv, std::size_t se
 void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dtype, int root);
 void reduce_direct(CommState& c, const void* send, void* recv, std::size_t count, DataType dtype,
                    ReduceOp op, int root);
-void barrier_direct(CommState& c);
 // One cache line per rank (low_latency.cpp).
 void allreduce_low_latency(CommState& c, const void* send, void* recv, std::size_t count,
                            DataType dtype, ReduceOp op);

@@ -28,7 +28,7 @@
 // for that reason.
 //
 // Who checks whom (so that any disagreement is seen by someone):
-//   allreduce, reduce-scatter, allgather, barrier: every rank checks every rank;
+//   allreduce, reduce-scatter, allgather: every rank checks every rank;
 //   broadcast, reduce too: a rank that checked only the root could return
 //   the data of a root that other ranks disagree with.
 
@@ -70,6 +70,7 @@ void publish_data(CommState& c, const void* data, std::size_t bytes, bool stream
       c.copy(mine, data, bytes);
   }
   c.announce();
+  c.step = 0;  // our data is out; what follows waits for the peers'
 }
 
 }  // namespace
@@ -112,6 +113,7 @@ void broadcast_direct(CommState& c, void* buffer, std::size_t count, DataType dt
   } else {
     c.acquire_direct_buffer();  // keeps every rank's pace bounded the same way
     c.announce();
+    c.step = 0;
     // Every rank, not just the root: ranks that agree with each other on a
     // root that others disagree with must fail too, not return its data.
     c.wait_every_announced();
@@ -129,12 +131,6 @@ void reduce_direct(CommState& c, const void* send, void* recv, std::size_t count
   } else {
     c.wait_every_announced();  // as in broadcast_direct: a root mismatch fails every rank
   }
-}
-
-void barrier_direct(CommState& c) {
-  c.acquire_direct_buffer();
-  c.announce();
-  c.wait_every_announced();
 }
 
 // ---------------------------------------------------------------------------
@@ -163,6 +159,7 @@ void allreduce_two_shot(CommState& c, const void* send, void* recv, std::size_t 
     c.copy(c.seg->direct(c.rank, c.collectives % detail::kDirectBuffers) + mine.begin * es,
            out + mine.begin * es, mine.count * es);
   }
+  c.step = 1;  // the second phase: the peers' reduced chunks
   c.publish(c.my_area().reduced, c.collectives + 1);
   for (int k = 1; k < c.size; ++k) {
     const int q = (c.rank + k) % c.size;  // start at different peers: spread the reads

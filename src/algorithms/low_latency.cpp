@@ -147,6 +147,8 @@ detail::LowLatencyLine& publish_line(CommState& c, const void* data, std::size_t
   // follows once we leave a spin or finish (wait_all_lines).
   line.seq.store(c.collectives + 1, std::memory_order_release);
   c.low_latency.announced = false;
+  c.step = 0;  // the line is out; what follows waits for the peers'
+
   // The call's clock read and recorder entry, which begin() left to us:
   // here they overlap the line's transfer (state.hpp start_deferred).
   if (c.start_deferred) c.stamp_start();

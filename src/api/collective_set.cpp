@@ -125,6 +125,14 @@ std::size_t sum_counts(const Communicator::Impl& c, const char* what,
   return total;
 }
 
+// The bytes of a v-collective's receive blocks together: stats() and the
+// flight recorder count them (the front has checked that they fit).
+std::size_t total_bytes(const std::vector<std::size_t>& counts, DataType dtype) {
+  std::size_t total = 0;
+  for (std::size_t x : counts) total += x;
+  return total * datatype_size(dtype);
+}
+
 Op make_alltoall(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
                  DataType dtype) {
   const char* what = "alltoall";
@@ -142,7 +150,7 @@ Op make_alltoall(Communicator::Impl& c, const void* send, void* recv, std::size_
   const Algorithm a = engine::choose(c, CollectiveKind::alltoall, payload) == Algorithm::low_latency
                           ? Algorithm::low_latency
                           : Algorithm::staged;
-  return {{CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, a}, send, recv};
+  return {{CollectiveKind::alltoall, count, dtype, ReduceOp::sum, -1, a}, send, recv, payload};
 }
 
 Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::size_t> sc,
@@ -194,6 +202,7 @@ Op make_alltoallv(Communicator::Impl& c, const void* send, std::span<const std::
     }
   }
   o.desc.aux = largest_block;
+  o.bytes = total_bytes(v->recv_counts, dtype);
   o.v = std::move(v);
   return o;
 }
@@ -226,8 +235,13 @@ Op make_gather(Communicator::Impl& c, const void* send, void* recv, std::size_t 
     check_rooted(c, "gather", count, dtype, root, "send", send, "recv (at the root)", recv,
                  "send == recv + root * count", 1);
   });
-  return {
-      {CollectiveKind::gather, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
+  // The root's result holds size() blocks; the others receive nothing and
+  // count the block they send.
+  const std::size_t blocks = c.rank == root ? static_cast<std::size_t>(c.size) : 1;
+  return {{CollectiveKind::gather, count, dtype, ReduceOp::sum, root, Algorithm::staged},
+          send,
+          recv,
+          blocks * count * datatype_size(dtype)};
 }
 
 Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t count,
@@ -236,8 +250,10 @@ Op make_scatter(Communicator::Impl& c, const void* send, void* recv, std::size_t
     check_rooted(c, "scatter", count, dtype, root, "recv", recv, "send (at the root)", send,
                  "recv == send + root * count", c.size - 1);
   });
-  return {
-      {CollectiveKind::scatter, count, dtype, ReduceOp::sum, root, Algorithm::staged}, send, recv};
+  return {{CollectiveKind::scatter, count, dtype, ReduceOp::sum, root, Algorithm::staged},
+          send,
+          recv,
+          count * datatype_size(dtype)};
 }
 
 // Every block in one line when each fits (low_latency.cpp); else the staged
@@ -299,7 +315,10 @@ Op make_allgatherv(Communicator::Impl& c, const void* send, std::size_t send_cou
     check_lane(c, what, 1, static_cast<std::size_t>(c.size) * 8);
   });
   const Algorithm a = allgatherv_algorithm(c, v->recv_counts, datatype_size(dtype));
-  Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, a}, send, recv};
+  Op o{{CollectiveKind::allgatherv, 0, dtype, ReduceOp::sum, -1, a},
+       send,
+       recv,
+       total_bytes(v->recv_counts, dtype)};
   o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
   o.v = std::move(v);
   return o;
@@ -325,7 +344,10 @@ Op make_reduce_scatter_v(Communicator::Impl& c, const void* send, void* recv,
                    "recv == send + offset of block rank()");
     check_lane(c, what, c.size, static_cast<std::size_t>(c.size) * 8);
   });
-  Op o{{CollectiveKind::reduce_scatter_v, 0, dtype, op, -1, Algorithm::staged}, send, recv};
+  Op o{{CollectiveKind::reduce_scatter_v, 0, dtype, op, -1, Algorithm::staged},
+       send,
+       recv,
+       v->recv_counts[static_cast<std::size_t>(c.rank)] * datatype_size(dtype)};
   o.desc.vhash = algo::staged_vector_hash(v->recv_counts);
   o.v = std::move(v);
   return o;

@@ -300,7 +300,8 @@ Op make_allgather(Communicator::Impl& c, const void* send, void* recv, std::size
                    "send == recv + rank * send_count");
   });
   Algorithm a = engine::choose(c, CollectiveKind::allgather, bytes);
-  return {{CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a}, send, recv, bytes};
+  return {
+      {CollectiveKind::allgather, send_count, dtype, ReduceOp::sum, -1, a}, send, recv, recv_bytes};
 }
 
 Op make_broadcast(Communicator::Impl& c, void* buffer, std::size_t count, DataType dtype,

@@ -122,7 +122,7 @@ void CommState::check_progress(int peer, const char* what, Clock::time_point dea
   const std::uint64_t awaited = current || refused == 0 ? collectives : refused - 1;
   std::string where =
       current        ? fmt::format("{} (collective #{}{})", describe(*current), collectives,
-                            step < 0 ? ", at its start, step 0: before any data moved"
+                            step < 0 ? ", at its start: before any data moved"
                                             : fmt::format(", step {}", step))
              : refused != 0 ? fmt::format("collective #{}, which this rank refused", awaited)
                      : "";
@@ -231,11 +231,12 @@ void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int
 
 void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int peer,
                              const char* what, const detail::WaitPolicy& policy) {
-  // A wait that outlasts the spin and yield phases is timed from its first
-  // slow check on (stats() wait_ns), and the recorder head tells `shmrun
-  // --status` whom this rank waits for, since when, at which step. Shorter
-  // waits read no clock here: two reads per wait cost 0.1-0.2 us of a
-  // 0.6 us allreduce at N=2 (docs/design/recorder.md).
+  // A wait that outlasts the spin and yield phases is timed from its start
+  // (stats() wait_ns), and the recorder head tells `shmrun --status` whom
+  // this rank waits for, since when, at which step, from its first slow
+  // check on (as the sleep phase begins). Shorter waits read no clock here:
+  // two reads per wait cost 0.1-0.2 us of a 0.6 us allreduce at N=2
+  // (docs/design/recorder.md).
   std::uint64_t t0 = 0;
   struct Done {
     CommState& c;
@@ -250,10 +251,13 @@ void CommState::wait_counter(detail::Counter& counter, std::uint64_t target, int
   // may take longer than SHMRING_TIMEOUT while every step makes progress.
   // It starts at the first slow check, after the spin and yield phases.
   std::optional<Clock::time_point> wait_deadline;
-  detail::wait_at_least(counter, target, policy, [&] {
+  detail::wait_at_least(counter, target, policy, [&](Clock::time_point start) {
     if (!wait_deadline) {
       wait_deadline = deadline();
-      t0 = detail::mono_ns();
+      // The wait's start on the mono_ns() timeline.
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      t0 = detail::mono_ns() - static_cast<std::uint64_t>(std::max<std::int64_t>(waited, 0));
       if (rec_head) {
         rec_head->step.store(step, std::memory_order_relaxed);
         rec_head->waiting_for.store(peer, std::memory_order_relaxed);

@@ -61,20 +61,33 @@ std::string CommState::job_summary() {
       break;
     }
     const auto last = rec.last_completed();
-    if (in && in->seq >= c) {
+    // A dead rank's recorder still shows the call it was in: it waits for
+    // nothing any more.
+    const bool alive = seg->rank_alive(r);
+    if (in && in->seq >= c && alive) {
       waiting[in->state == detail::kCallFailed ? call_name(*in) + " (failed)" : call_name(*in)]
           .push_back(r);
       continue;
     }
-    std::string s = fmt::format("rank {} has not entered {}; ", r, mine);
-    s += last ? fmt::format("its last completed call was {}, {:.1f} s ago", call_name(*last),
+    std::string s;
+    if (in && in->seq >= c)
+      s = fmt::format("rank {} (dead) was in {}, which it started {:.1f} s ago", r, call_name(*in),
+                      secs(now, in->start_ns));
+    else if (last && last->seq >= c)
+      // A rank may finish a call before its peers do (an eager gather's
+      // sender, a broadcast's root): it is past ours, not late for it.
+      s = fmt::format("rank {}{} has completed {} and gone on", r, alive ? "" : " (dead)", mine);
+    else
+      s = fmt::format("rank {}{} has not entered {}", r, alive ? "" : " (dead)", mine);
+    s += last ? fmt::format("; its last completed call was {}, {:.1f} s ago", call_name(*last),
                             secs(now, last->end_ns))
-              : std::string("it completed no call yet");
-    if (in)
-      s += fmt::format("; it is in {} since {:.1f} s", call_name(*in), secs(now, in->start_ns));
+              : std::string("; it completed no call yet");
+    if (in && in->seq < c)
+      s += fmt::format("; it {} {} since {:.1f} s", alive ? "is in" : "was in", call_name(*in),
+                       secs(now, in->start_ns));
     if (rec.p2p && rec.p2p->end_ns == 0)
-      s += fmt::format("; it is in {} since {:.1f} s", detail::describe_p2p(*rec.p2p),
-                       secs(now, rec.p2p->start_ns));
+      s += fmt::format("; it {} {} since {:.1f} s", alive ? "is in" : "was in",
+                       detail::describe_p2p(*rec.p2p), secs(now, rec.p2p->start_ns));
     parts.push_back(s);
   }
   for (const auto& [call, ranks] : waiting)

@@ -134,9 +134,11 @@ bool spin_until(const WaitPolicy& p, Ready&& ready) {
   }
 }
 
-/// Waits until c.value >= target. `slow_check()` runs every ~sleep slice once
-/// the spin phase is over; it throws to end the wait (abort, dead peer,
-/// deadline). Returns the value seen.
+/// Waits until c.value >= target. `slow_check(start)` (`start`: when the
+/// wait began, a Clock::time_point) runs every ~sleep slice of the yield
+/// phase, then once as the sleep phase begins and after every sleep slice;
+/// it throws to end the wait (abort, dead peer, deadline). Returns the value
+/// seen.
 template <class SlowCheck>
 std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& p,
                             SlowCheck&& slow_check) {
@@ -163,12 +165,15 @@ std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& 
     if (v >= target) return v;
     auto now = Clock::now();
     if (now - last_check > std::chrono::microseconds(p.sleep_slice_us)) {
-      slow_check();
+      slow_check(start);
       last_check = now;
     }
   }
   // Phase 3: futex sleep, in slices so that aborts, dead peers and the
-  // deadline are noticed.
+  // deadline are noticed. A check first: the wait has outlasted the spin
+  // and yield phases, and a peer that answers within the first slice must
+  // not leave it unnoticed (the waiter's stats and recorder head).
+  slow_check(start);
   for (;;) {
     c.waiters.fetch_add(1, std::memory_order_seq_cst);
     asymmetric_fence_heavy();
@@ -178,7 +183,7 @@ std::uint64_t wait_at_least(Counter& c, std::uint64_t target, const WaitPolicy& 
     c.waiters.fetch_sub(1, std::memory_order_seq_cst);
     v = c.value.load(std::memory_order_acquire);
     if (v >= target) return v;
-    slow_check();
+    slow_check(start);
   }
 }
 

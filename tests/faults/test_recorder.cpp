@@ -6,13 +6,16 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -235,6 +238,184 @@ TEST_CASE("stats(): calls, bytes, time inside and time blocked on a peer, per ki
   CHECK(test::all_zero(status));
 }
 
+TEST_CASE("stats() bytes: each kind counts this rank's result buffer") {
+  // Uneven sizes (a one-line call and a larger one), N=3, root 0; what
+  // each call adds on each rank is in communicator.hpp (CollectiveStats).
+  constexpr int n = 3;
+  const std::string job = test::unique_job_id("statsbytes");
+  auto status = test::run_processes(n, [&](int r) {
+    Communicator comm(opts(r, n, job, 30.0));
+    std::map<std::string, std::uint64_t> want;
+    for (const std::size_t count : {std::size_t{2}, std::size_t{3000}}) {
+      const std::size_t b = count * sizeof(float), all = n * b;
+      std::vector<float> one(count, 1.0f), many(n * count, 1.0f), out(n * count);
+      const std::vector<std::size_t> counts(n, count), displs{0, count, 2 * count};
+      comm.allreduce(one.data(), out.data(), count, DataType::float32, ReduceOp::sum);
+      want["allreduce"] += b;
+      comm.reduce_scatter(many.data(), out.data(), count, DataType::float32, ReduceOp::sum);
+      want["reduce_scatter"] += b;
+      comm.allgather(one.data(), out.data(), count, DataType::float32);
+      want["allgather"] += all;
+      comm.broadcast(one.data(), count, DataType::float32, 0);
+      want["broadcast"] += b;
+      comm.reduce(one.data(), out.data(), count, DataType::float32, ReduceOp::sum, 0);
+      want["reduce"] += b;
+      comm.alltoall(many.data(), out.data(), count, DataType::float32);
+      want["alltoall"] += all;
+      comm.alltoallv(many.data(), counts, displs, out.data(), counts, displs, DataType::float32);
+      want["alltoallv"] += all;
+      comm.gather(one.data(), out.data(), count, DataType::float32, 0);
+      want["gather"] += r == 0 ? all : b;
+      comm.scatter(many.data(), out.data(), count, DataType::float32, 0);
+      want["scatter"] += b;
+      comm.allgatherv(one.data(), count, out.data(), counts, displs, DataType::float32);
+      want["allgatherv"] += all;
+      comm.reduce_scatter_v(many.data(), out.data(), counts, DataType::float32, ReduceOp::sum);
+      want["reduce_scatter_v"] += b;
+      comm.barrier();
+      want["barrier"] += 0;
+    }
+    const auto st = comm.stats();
+    SHMRING_CHILD_CHECK(st.size() == want.size(), "rank %d: %zu kinds, want %zu", r, st.size(),
+                        want.size());
+    for (const auto& k : st) {
+      const auto it = want.find(k.collective);
+      SHMRING_CHILD_CHECK(it != want.end(), "rank %d: unexpected kind %s", r, k.collective.c_str());
+      SHMRING_CHILD_CHECK(k.calls == 2 && k.bytes == it->second,
+                          "rank %d: %s: %llu calls, %llu bytes; want 2 calls, %llu bytes", r,
+                          k.collective.c_str(), static_cast<unsigned long long>(k.calls),
+                          static_cast<unsigned long long>(k.bytes),
+                          static_cast<unsigned long long>(it->second));
+    }
+  });
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("stats(): a peer 30 ms late is counted from the start of the wait") {
+  // The yield phase ends after 2 ms and the sleep phase's first slice
+  // lasts 10 ms: a wait that ends within that slice is counted in full
+  // too, whatever the path (the ring, the one-line path's fallback).
+  const std::string job = test::unique_job_id("statslate");
+  auto status = test::run_processes(2, [&](int r) {
+    Communicator comm(opts(r, 2, job, 30.0));
+    std::vector<float> big(10000, 1.0f), small(2, 1.0f);
+    for (auto* x : {&big, &small}) {
+      comm.allreduce(std::span<float>(*x), ReduceOp::sum);  // the two ranks in step
+      const std::uint64_t before = comm.stats()[0].wait_ns;
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      comm.allreduce(std::span<float>(*x), ReduceOp::sum);
+      const std::uint64_t waited = comm.stats()[0].wait_ns - before;
+      if (r == 0)
+        SHMRING_CHILD_CHECK(waited >= 20'000'000 && waited < 2'000'000'000,
+                            "rank 0 waited %llu ns for a peer 30 ms late (%zu floats)",
+                            static_cast<unsigned long long>(waited), x->size());
+    }
+  });
+  CHECK(test::all_zero(status));
+}
+
+TEST_CASE("a timeout after eager gathers: a rank past the call is not called late") {
+  // Rank 1's 8-byte gathers are eager: it deposits its blocks of #2 and #3
+  // and goes on (then sleeps, outside any call), while rank 2 sleeps
+  // before gather #2 and rank 0 times out waiting for it.
+  constexpr int n = 3;
+  const std::string job = test::unique_job_id("recahead");
+  test::MessageBoard board(n);
+  auto status = test::run_processes(n, [&](int r) {
+    Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
+    const std::int64_t mine = r;
+    std::int64_t all[n] = {};
+    try {
+      for (int i = 0; i < 6; ++i) {
+        if (r == 2 && i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        if (r == 1 && i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+        comm.gather(&mine, all, 1, DataType::int64, 0);
+      }
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      board.put(r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  const std::string m = board[0];
+  INFO("rank 0: ", m);
+  CHECK(contains(m, "timed out"));
+  CHECK(contains(m, "rank 2 has not entered gather #2; its last completed call was gather #1"));
+  CHECK(contains(m,
+                 "rank 1 has completed gather #2 and gone on; its last completed call was "
+                 "gather #3"));
+  CHECK(!contains(m, "rank 1 has not entered"));
+}
+
+TEST_CASE("a one-shot allreduce's wait says its data is out, not that none moved") {
+  // Rank 2 sleeps before allreduce #1: rank 0 has published its buffer
+  // (step 0) and times out waiting for rank 2's.
+  constexpr int n = 3;
+  const std::string job = test::unique_job_id("recstep");
+  test::MessageBoard board(n);
+  auto status = test::run_processes(n, [&](int r) {
+    setenv("SHMRING_ALGO", "direct", 1);
+    Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
+    std::vector<float> x(1000, 1.0f);
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(r != 0, "rank 0: expected a timeout");
+    } catch (const Error& e) {
+      board.put(r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  const std::string m = board[0];
+  INFO("rank 0: ", m);
+  CHECK(contains(m, "timed out"));
+  CHECK(contains(m, "(collective #1, step 0)"));
+  CHECK(!contains(m, "before any data moved"));
+}
+
+TEST_CASE("a rank killed inside a call: the others' error says it died there, not that it waits") {
+  constexpr int n = 3;
+  const std::string job = test::unique_job_id("recdead");
+  test::MessageBoard board(n);
+  auto* pid1 = static_cast<std::atomic<pid_t>*>(mmap(nullptr, sizeof(std::atomic<pid_t>),
+                                                     PROT_READ | PROT_WRITE,
+                                                     MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(pid1 != MAP_FAILED);
+  new (pid1) std::atomic<pid_t>(0);
+  auto status = test::run_processes(n, [&](int r) {
+    Communicator comm(opts(r, n, job, 30.0));
+    std::vector<float> x(10000, 1.0f);
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) pid1->store(getpid());
+    if (r == 2) {
+      // Rank 1 is inside allreduce #1, waiting for us, when it is killed.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      kill(pid1->load(), SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    try {
+      comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const Error& e) {
+      board.put(r, e.what());
+    }
+  });
+  munmap(pid1, sizeof(std::atomic<pid_t>));
+  CHECK(status[0] == 0);
+  CHECK(status[1] == 128 + SIGKILL);
+  CHECK(status[2] == 0);
+  // The rank that saw the death first speaks for the job; the other
+  // rethrows its error.
+  const std::string m = contains(board[0], "died while") ? board[0] : board[2];
+  INFO("rank 0: ", board[0], "\nrank 2: ", board[2]);
+  CHECK(contains(m, "rank 1 (pid "));
+  CHECK(contains(m, "rank 1 (dead) was in allreduce #1, which it started "));
+  CHECK(!contains(m, "ranks 0, 1 and 2 wait in"));
+  CHECK(!contains(m, "ranks 0 and 1 wait in"));
+  CHECK(!contains(m, "ranks 1 and 2 wait in"));
+}
+
 TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its last call") {
   const std::string job = test::unique_job_id("recdeath");
   test::MessageBoard board(3);
@@ -257,7 +438,7 @@ TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its
     CHECK(contains(m, "rank 1 (pid "));
     CHECK(contains(m, "died"));
     CHECK(contains(m,
-                   "rank 1 has not entered allreduce #10; its last completed call was "
+                   "rank 1 (dead) has not entered allreduce #10; its last completed call was "
                    "allreduce #9, "));
     CHECK(contains(m, "ranks 0 and 2 wait in allreduce #10"));
   }
