@@ -273,8 +273,9 @@ int main(int argc, char** argv) {
       "LOCAL_WORLD_SIZE (torchrun); MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set;\n"
       "OMP_NUM_THREADS and MKL_NUM_THREADS = CPUs / ranks unless set. -x SHMRING_JOB_ID=ID\n"
       "is the same as --job-id ID.\n"
-      "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 127 if\n"
-      "the program cannot be run.");
+      "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 1 if a\n"
+      "rank exited 0 without attaching while the others waited for it, 127 if the program\n"
+      "cannot be run.");
 
   // Usage errors look like the launcher's other errors: "shmrun: ...".
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
@@ -287,6 +288,21 @@ int main(int argc, char** argv) {
     if (info && !app.remaining().empty())
       throw CLI::ValidationError(
           fmt::format("--info starts no program: '{}' is left over", app.remaining().front()));
+    if (list || cleanup || status) {
+      // They read or remove segments and start nothing: an option of a
+      // launch given with them is a mistake, not something to ignore.
+      const char* mode = list ? "--list" : cleanup ? "--cleanup" : "--status";
+      for (const char* name : {"-n", "--tag-output", "--bind-to", "--report-bindings", "--timeout",
+                               "--grace", "-x", "--threads", "--slots", "--slot-bytes"})
+        if (app.get_option(name)->count() > 0)
+          throw CLI::ValidationError(fmt::format("{} applies to a launch; {} takes only --job-id",
+                                                 app.get_option(name)->get_name(), mode));
+      std::vector<std::string> left = app.remaining();
+      if (!left.empty() && left.front() == "--") left.erase(left.begin());
+      if (!left.empty())
+        throw CLI::ValidationError(
+            fmt::format("{} starts no program: '{}' is left over", mode, left.front()));
+    }
     if (!list && !cleanup && !info && !status) {
       spec.command = app.remaining();
       if (!spec.command.empty() && spec.command.front() == "--") {

@@ -39,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kNever = Clock::time_point::max();
 // How long the other ranks may run on after one failed, before SIGTERM.
 constexpr auto kFailureLinger = std::chrono::milliseconds(300);
+// How often shmrun looks whether a rank that exited 0 left the others
+// waiting for it to attach (Job::check_left_before_attaching).
+constexpr auto kLeftCheck = std::chrono::milliseconds(250);
 
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -183,7 +186,9 @@ class Job {
   void on_output_error();
   int report_lost_output();
 
-  enum class End { none, failure, signal, timeout };
+  void check_left_before_attaching(Clock::time_point now);
+
+  enum class End { none, failure, signal, timeout, unattached };
 
   const JobSpec& spec_;
   std::vector<Worker> workers_;
@@ -195,8 +200,14 @@ class Job {
   rlimit original_nofile_{};
 
   End end_ = End::none;
-  int first_rank_ = -1;  // first failure
-  int end_signal_ = 0;   // signal that ended the job
+  int first_rank_ = -1;  // first failure (End::unattached: the rank that left)
+  // Ranks that exited with status 0 while others still ran: if the job's
+  // segment, once made, still misses one of them, its ranks wait for it in
+  // vain (until SHMRING_TIMEOUT, 300 s by default). Checked every
+  // kLeftCheck while the job runs.
+  std::vector<int> left_early_;
+  Clock::time_point left_check_at_ = kNever;
+  int end_signal_ = 0;  // signal that ended the job
   int user_signals_ = 0;
   Clock::time_point kill_at_ = kNever;
   // After a rank fails, the others get a moment to end on their own: a bad
@@ -455,6 +466,27 @@ void Job::on_failure(int rank) {
   term_at_ = Clock::now() + kFailureLinger;
 }
 
+void Job::check_left_before_attaching(Clock::time_point now) {
+  left_check_at_ = kNever;
+  if (end_ != End::none || running() == 0) return;
+  const std::vector<int> absent = shmring::tools::ranks_not_attached(spec_.job_id);
+  for (int r : left_early_) {
+    if (std::find(absent.begin(), absent.end(), r) == absent.end()) continue;
+    // mpirun ends a job whose rank exits without MPI_Init while others are
+    // in it; here the others would sit in their constructors until
+    // SHMRING_TIMEOUT and then fail with "missing rank(s)".
+    std::fprintf(stderr,
+                 "shmrun: rank %d (pid %d) exited with status 0 without attaching to job %s, "
+                 "whose other ranks wait for it to attach; ending the job\n",
+                 r, workers_[r].pid, spec_.job_id.c_str());
+    end_ = End::unattached;
+    first_rank_ = r;
+    start_teardown(SIGTERM);
+    return;
+  }
+  left_check_at_ = now + kLeftCheck;
+}
+
 void Job::on_signal(int sig) {
   if (sig == SIGUSR1) {
     // `kill -USR1 <shmrun pid>`: where every rank is, as `shmrun --status
@@ -489,7 +521,12 @@ void Job::reap() {
       if (w.pid != pid) continue;
       w.running = false;
       w.status = status;
-      if (status_code(status) != 0) on_failure(r);
+      if (status_code(status) != 0) {
+        on_failure(r);
+      } else if (running() > 0) {
+        left_early_.push_back(r);
+        left_check_at_ = Clock::now();
+      }
     }
     // Any other pid is an orphaned descendant reparented to us: just reaped.
   }
@@ -528,8 +565,10 @@ void Job::supervise() {
       signal_workers(SIGKILL);
       kill_at_ = kNever;
     }
+    if (now >= left_check_at_) check_left_before_attaching(now);
 
-    auto next = std::min({term_at_, kill_at_, end_ == End::none ? deadline_ : kNever, drain_until});
+    auto next = std::min(
+        {term_at_, kill_at_, end_ == End::none ? deadline_ : kNever, drain_until, left_check_at_});
     int timeout_ms = -1;
     if (next != kNever) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
@@ -624,6 +663,9 @@ int Job::run() {
     case End::timeout:
       (void)report_lost_output();
       return kExitTimeout;
+    case End::unattached:
+      (void)report_lost_output();
+      return kExitUnattached;
     case End::failure: {
       // Workers killed by SIGPIPE after our reader left (on_output_error)
       // land here with 141, as in a plain run.

@@ -30,10 +30,14 @@ struct JobSpec {
 inline constexpr int kExitTimeout = 124;     ///< --timeout expired (as timeout(1))
 inline constexpr int kExitCannotRun = 127;   ///< the program could not be executed
 inline constexpr int kExitLaunchFailed = 1;  ///< fork/pipe failure in the launcher
+/// A rank exited 0 without attaching while the job's other ranks waited
+/// for it to attach: the job was ended.
+inline constexpr int kExitUnattached = 1;
 
 /// Runs the job and returns shmrun's exit status: 0 when every worker exited
 /// 0; the first failed worker's status (128+signal for a signal); 124 on
-/// timeout. When the job was ended by a SIGINT/SIGTERM/SIGHUP sent to the
+/// timeout; 1 when a rank exited 0 without attaching while the others waited
+/// for it (kExitUnattached). When the job was ended by a SIGINT/SIGTERM/SIGHUP sent to the
 /// launcher, it re-raises that signal on itself after cleaning up (so a shell
 /// sees "killed by SIGINT", exit 130), and returns 128+signal only if that
 /// does not end the process.

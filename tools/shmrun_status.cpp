@@ -142,8 +142,13 @@ bool print_job(const Found& f, FILE* out) {
     const std::uint64_t now = d::mono_ns();
     const auto abort_code = h->abort_code.load(std::memory_order_acquire);
     int attached = 0;
-    for (int r = 0; r < n; ++r)
-      attached += d::read_rank_record(base, check.layout, r).rank_state != d::kRankAbsent;
+    std::vector<int> absent;
+    for (int r = 0; r < n; ++r) {
+      if (d::read_rank_record(base, check.layout, r).rank_state != d::kRankAbsent)
+        ++attached;
+      else
+        absent.push_back(r);
+    }
     std::fprintf(out, "job segment %s: %d ranks%s%s\n", f.name.c_str(), n,
                  attached < n ? fmt::format(", starting ({} attached)", attached).c_str() : "",
                  abort_code == d::kAbortNone ? "" : ", failed (its abort word is set)");
@@ -190,6 +195,9 @@ bool print_job(const Found& f, FILE* out) {
           call = last           ? fmt::format("idle (last {})", call_text(*last))
                  : attached < n ? std::string("starting: waits for every rank to attach")
                                 : std::string("idle (no call yet)");
+          if (!last && !absent.empty())
+            waits = absent.size() == 1 ? fmt::format("waits for rank {}", absent.front())
+                                       : fmt::format("waits for {} ranks", absent.size());
           if (dead) call += " (dead)";
           if (last)
             since = fmt::format("{:.1f} s", now > last->end_ns ? (now - last->end_ns) * 1e-9 : 0.0);
@@ -200,7 +208,8 @@ bool print_job(const Found& f, FILE* out) {
           bytes = rate(static_cast<double>(rec.bytes) / up, "B");
         }
       }
-      std::fprintf(out, "%4d %8d  %-40s %5s %9s  %-14s %12s %12s\n", r, rec.pid, call.c_str(),
+      const std::string pid = rec.rank_state == d::kRankAbsent ? "-" : std::to_string(rec.pid);
+      std::fprintf(out, "%4d %8s  %-40s %5s %9s  %-14s %12s %12s\n", r, pid.c_str(), call.c_str(),
                    step.c_str(), since.c_str(), waits.c_str(), calls.c_str(), bytes.c_str());
     }
   }
@@ -209,6 +218,42 @@ bool print_job(const Found& f, FILE* out) {
 }
 
 }  // namespace
+
+std::vector<int> ranks_not_attached(const std::string& job_id) {
+  std::vector<int> absent;
+  const std::string name = fmt::format("shmring-{}-{}-", getuid(), job_id);
+  DIR* shm = opendir("/dev/shm");
+  if (shm == nullptr) return absent;
+  std::string path;
+  while (dirent* e = readdir(shm)) {
+    const std::string entry = e->d_name;
+    if (entry.rfind(name, 0) == 0 && entry.find('-', name.size()) == std::string::npos) {
+      path = "/dev/shm/" + entry;
+      break;
+    }
+  }
+  closedir(shm);
+  if (path.empty()) return absent;  // not created yet, or every rank attached
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absent;
+  struct stat st {};
+  void* addr = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= d::kHeaderBytes)
+    addr = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (addr == MAP_FAILED) return absent;
+  const auto size = static_cast<std::size_t>(st.st_size);
+  const auto* base = static_cast<const std::byte*>(addr);
+  const auto* h = reinterpret_cast<const d::Header*>(base);
+  const int n = static_cast<int>(h->world_size);
+  const d::HeaderCheck check = d::validate_header(base, d::kHeaderBytes, size, n, h->host_hash);
+  if (check)
+    for (int r = 0; r < n; ++r)
+      if (d::read_rank_record(base, check.layout, r).rank_state == d::kRankAbsent)
+        absent.push_back(r);
+  ::munmap(addr, size);
+  return absent;
+}
 
 int print_status(const std::string& job_id, FILE* out) {
   const std::string prefix = job_id.empty() ? fmt::format("shmring-{}-", getuid())

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace shmring::tools {
 
@@ -11,5 +12,10 @@ namespace shmring::tools {
 /// exit status. `kill -USR1` on a running shmrun prints its job's table to
 /// stderr (shmrun_job.cpp).
 int print_status(const std::string& job_id, FILE* out = stdout);
+
+/// The ranks that have not attached to job `job_id`'s segment while it is
+/// still starting (its name in /dev/shm, some rank absent), in order; empty
+/// when no such segment exists. Read-only, as print_status.
+std::vector<int> ranks_not_attached(const std::string& job_id);
 
 }  // namespace shmring::tools

@@ -96,6 +96,25 @@ def test_rank_exit_before_attach():
     assert_clean(jid, p.stderr, 4)
 
 
+def test_rank_exit_0_before_attach():
+    """Rank 1 exits 0 without joining while the others wait for it to attach:
+    shmrun ends the job at once (not after SHMRING_TIMEOUT), names rank 1 and
+    exits 1."""
+    jid = job_id()
+    p, elapsed = shmrun(jid, ["-n", "3"], ["exit", "1", "0", "before-init"])
+    check(p.returncode == 1, f"exit status {p.returncode}, expected 1", p.stderr)
+    check(elapsed < 10.0, f"took {elapsed:.2f} s, expected under 10 s", p.stderr)
+    check(re.search(r"rank 1 \(pid \d+\) exited with status 0 without attaching to job "
+                    + re.escape(jid), p.stderr), "the message names rank 1", p.stderr)
+    assert_clean(jid, p.stderr, 3)
+    # A rank that exits 0 while the others run without it is no failure.
+    p = subprocess.run([SHMRUN, "-n", "2", "--", "sh", "-c",
+                        'test "$SHMRING_RANK" = 1 || sleep 1'], capture_output=True, text=True,
+                       timeout=30)
+    check(p.returncode == 0, f"an early exit 0 without a job segment: status {p.returncode}",
+          p.stderr)
+
+
 def test_segv():
     """A worker dies of SIGSEGV: shmrun exits 139 and says which signal."""
     jid = job_id()
@@ -457,7 +476,9 @@ def test_status_while_starting():
                         r"starting \(1 attached\)$", p.stdout, re.M), "the job's line", p.stdout)
         check(re.search(rf"^\s*0\s+{creator.pid}\s+starting: waits for every rank to attach",
                         p.stdout, re.M), "rank 0's row", p.stdout)
-        check(re.search(r"^\s*1\s+0\s+not attached", p.stdout, re.M), "rank 1's row", p.stdout)
+        check(re.search(r"^\s*0\s+\d+\s+starting: waits for every rank to attach\s+-\s+-\s+"
+                        r"waits for rank 1", p.stdout, re.M), "rank 0 waits for rank 1", p.stdout)
+        check(re.search(r"^\s*1\s+-\s+not attached", p.stdout, re.M), "rank 1's row", p.stdout)
     finally:
         creator.kill()
         creator.wait()
@@ -518,6 +539,14 @@ def test_usage_errors():
              # Decimal, not octal: 010000 is ten thousand, no multiple of 4096.
              (["--slot-bytes", "010000", "-n", "1", "true"], "10000': expected a multiple")]
     for args, word in cases:
+        p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
+        check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
+        check(word in p.stderr, f"{args}: message should name {word!r}", p.stderr)
+    # --status, --list and --cleanup start no program and take no launch options.
+    for args, word in [(["--status", "-n", "2", "--", "true"], "-n"),
+                       (["--status", "true"], "'true'"), (["--list", "-n", "2"], "-n"),
+                       (["--cleanup", "-x", "A=1"], "-x"),
+                       (["--status", "--bind-to", "core"], "--bind-to")]:
         p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
         check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
         check(word in p.stderr, f"{args}: message should name {word!r}", p.stderr)
