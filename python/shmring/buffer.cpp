@@ -57,6 +57,18 @@ std::string type_name(py::handle obj) {
   return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
 }
 
+// "dtype int16 " / "dtype torch.int16 ": the object's own name for its
+// element type (numpy's and torch's `dtype`), which says more to a user than
+// a buffer format or DLPack code; "" when it has none.
+std::string dtype_words(py::handle obj) {
+  try {
+    if (py::hasattr(obj, "dtype"))
+      return "dtype " + py::str(obj.attr("dtype")).cast<std::string>() + " ";
+  } catch (py::error_already_set&) {
+  }
+  return "";
+}
+
 // The element type of a buffer-protocol format string ("f", "<e", "=q", ...).
 std::optional<DataType> datatype_of_format(const char* format, Py_ssize_t itemsize) {
   std::string f = format ? format : "B";
@@ -151,8 +163,9 @@ void BufferView::acquire_buffer(py::handle obj, const char* what, bool writable)
   auto dtype = datatype_of_format(b.format, b.itemsize);
   if (!dtype)
     throw InvalidArgumentError(
-        fmt::format("{}: the {} has element format '{}' ({} bytes); expected {}", what,
-                    type_name(obj), b.format ? b.format : "B", b.itemsize, kSupportedTypes));
+        fmt::format("{}: the {} has {}(element format '{}', {} byte{}); expected {}", what,
+                    type_name(obj), dtype_words(obj), b.format ? b.format : "B", b.itemsize,
+                    b.itemsize == 1 ? "" : "s", kSupportedTypes));
   dtype_ = *dtype;
   data_ = b.buf;
   count_ = static_cast<std::size_t>(b.len / b.itemsize);
@@ -183,9 +196,9 @@ void BufferView::acquire_dlpack(py::handle obj, const char* what) {
         what, type_name(obj), t.device.device_type, t.device.device_id, int{kDlCpu}));
   auto dtype = datatype_of_dlpack(t.dtype);
   if (!dtype)
-    throw InvalidArgumentError(
-        fmt::format("{}: the {} has DLPack dtype (code {}, bits {}, lanes {}); expected {}", what,
-                    type_name(obj), t.dtype.code, t.dtype.bits, t.dtype.lanes, kSupportedTypes));
+    throw InvalidArgumentError(fmt::format(
+        "{}: the {} has {}(DLPack code {}, bits {}, lanes {}); expected {}", what, type_name(obj),
+        dtype_words(obj), t.dtype.code, t.dtype.bits, t.dtype.lanes, kSupportedTypes));
   std::size_t count = 1;
   for (std::int32_t i = 0; i < t.ndim; ++i) {
     if (t.shape[i] < 0)

@@ -46,7 +46,8 @@ def cases(size):
         "allreduce_dtype": (
             lambda c: c.allreduce(np.ones(n, dtype=np.complex64)),
             lambda c: c.allreduce(values(c.rank, n)),
-            shmring.InvalidArgumentError, ["rank 1", "allreduce", "element format"]),
+            shmring.InvalidArgumentError,
+            ["rank 1", "allreduce", "dtype complex64 (element format 'Zf', 8 bytes)"]),
         "allreduce_readonly": (
             lambda c: c.allreduce(np.frombuffer(bytes(4 * n), dtype=np.float32)),
             lambda c: c.allreduce(values(c.rank, n)),
