@@ -151,8 +151,11 @@ int train(shmring::Communicator& comm, const Settings& s) {
   // Settings every rank checks alike, so every rank prints the same error.
   const std::size_t parts = world * std::size_t(s.accum);
   if (s.batch % parts != 0) {
-    report_all(comm, fmt::format("--batch {} must be divisible by world size {} x --accum {} = {}",
-                                 s.batch, world, s.accum, parts));
+    const std::size_t below = s.batch / parts * parts;
+    report_all(comm, fmt::format("--batch {} must be divisible by world size {} x --accum {} = {} "
+                                 "(the nearest that are: {}{})",
+                                 s.batch, world, s.accum, parts,
+                                 below > 0 ? fmt::format("{} or ", below) : "", below + parts));
     return 2;
   }
 

@@ -263,6 +263,17 @@ def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
     return stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
 
 
+
+def local_batch_size(batch_size, world_size):
+    """Each rank's share of --batch-size; exits naming the nearest valid sizes
+    when the world size does not divide it."""
+    if batch_size % world_size:
+        below = batch_size // world_size * world_size
+        nearest = (f"{below} or " if below else "") + str(below + world_size)
+        raise SystemExit(f"train_torch: --batch-size {batch_size} is not a multiple of the "
+                         f"world size {world_size} (the nearest that are: {nearest})")
+    return batch_size // world_size
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -302,10 +313,7 @@ def main():
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if args.epochs < 1:
         raise SystemExit(f"train_torch: --epochs {args.epochs}: expected at least 1")
-    if args.batch_size % world_size:
-        raise SystemExit(f"train_torch: --batch-size {args.batch_size} is not a multiple of the "
-                         f"world size {world_size}")
-    local_batch = args.batch_size // world_size
+    local_batch = local_batch_size(args.batch_size, world_size)
     # The ranks share the cores: one intra-op thread each, no oversubscription.
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -437,10 +445,7 @@ def main_ddp(args):
                          "torchrun or shmrun)")
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.batch_size % world_size:
-        raise SystemExit(f"train_torch: --batch-size {args.batch_size} is not a multiple of the "
-                         f"world size {world_size}")
-    local_batch = args.batch_size // world_size
+    local_batch = local_batch_size(args.batch_size, world_size)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     train_x, train_y, test_x, test_y = load_fashion_mnist(args.data)

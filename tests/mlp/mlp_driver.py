@@ -158,7 +158,11 @@ elif CHECK == "bad_magic":
 
 elif CHECK == "bad_batch":
     p = run(3, SMALL + ["--batch", "100", "--accum", "2"])
-    expect_error_on_every_rank(p, 3, r"--batch 100 must be divisible by world size 3 x --accum 2")
+    expect_error_on_every_rank(p, 3, r"--batch 100 must be divisible by world size 3 x --accum 2 "
+                                     r"= 6 \(the nearest that are: 96 or 102\)")
+    p = run(3, SMALL + ["--batch", "4", "--accum", "2"])
+    expect_error_on_every_rank(p, 3, r"--batch 4 must be divisible by world size 3 x --accum 2 "
+                                     r"= 6 \(the nearest that are: 6\)")
 
 elif CHECK == "accuracy":
     p = run_ok(2, ["--epochs", "3", "--batch", "256", "--lr", "0.1", "--seed", "1"])
