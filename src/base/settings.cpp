@@ -88,12 +88,14 @@ long long parse_integer(std::string_view name, const std::string& v, long long l
   return x;
 }
 
-double parse_number(std::string_view name, const std::string& v, double lo, double hi) {
+double parse_number(std::string_view name, const std::string& v, double lo, double hi,
+                    std::string_view expected) {
   errno = 0;
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
   if (errno != 0 || end == v.c_str() || *end != '\0' || !std::isfinite(x) || x < lo || x > hi)
-    refuse(name, v, fmt::format("a number in [{}, {}]", lo, hi));
+    refuse(name, v,
+           expected.empty() ? fmt::format("a number in [{}, {}]", lo, hi) : std::string(expected));
   return x;
 }
 
@@ -119,7 +121,7 @@ std::optional<double> number(Name name) {
   const Setting& s = name.setting();
   auto v = raw(s.name);
   if (!v) return std::nullopt;
-  return parse_number(s.name, *v, s.number_lo, s.number_hi);
+  return parse_number(s.name, *v, s.number_lo, s.number_hi, s.expected);
 }
 
 std::optional<std::string> choice(Name name) {
@@ -163,7 +165,7 @@ void check(const Setting& s, const std::string& v) {
       (void)parse_integer(s.name, v, s.lo, s.hi, s.multiple, s.expected, {});
       break;
     case Kind::number:
-      (void)parse_number(s.name, v, s.number_lo, s.number_hi);
+      (void)parse_number(s.name, v, s.number_lo, s.number_hi, s.expected);
       break;
     case Kind::choice:
       (void)choice_value(s, v);

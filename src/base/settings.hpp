@@ -92,7 +92,7 @@ inline constexpr Setting kSettings[] = {
    .expected = "1 to 16 hex digits, not all zero (shmrun sets it)",
    .doc = "Fresh per launch: tells two jobs given the same job id apart."},
   {.name = "SHMRING_TIMEOUT", .kind = Kind::number, .audience = Audience::user,
-   .default_value = "300", .expected = "",
+   .default_value = "300", .expected = "a number of seconds in [0.001, 1000000000]",
    .doc = "Seconds any wait may last before it fails with TimeoutError.",
    .readers = "libshmring, torch backend (python/torch/process_group.cpp)",
    .number_lo = 0.001, .number_hi = 1e9},
@@ -143,11 +143,12 @@ inline constexpr Setting kSettings[] = {
    .doc = "Forces the allreduce algorithm; auto picks by size.",
    .choices = "ring,direct,two_shot,two-shot=two_shot,twoshot=two_shot,auto"},
   {.name = "SHMRING_SPIN_US", .kind = Kind::number, .audience = Audience::tuning,
-   .default_value = "automatic (5, or 0 when oversubscribed)", .expected = "",
+   .default_value = "automatic (5, or 0 when oversubscribed)",
+   .expected = "a number of microseconds in [0, 1000000]",
    .doc = "Microseconds a wait busy-spins before it yields.",
    .number_lo = 0, .number_hi = 1e6},
   {.name = "SHMRING_YIELD_US", .kind = Kind::number, .audience = Audience::tuning,
-   .default_value = "automatic (2000)", .expected = "",
+   .default_value = "automatic (2000)", .expected = "a number of microseconds in [0, 10000000]",
    .doc = "Microseconds a wait yields the CPU before it sleeps on a futex.",
    .number_lo = 0, .number_hi = 1e7},
   {.name = "SHMRING_NT_STORES", .kind = Kind::choice, .audience = Audience::tuning,
@@ -324,7 +325,10 @@ void check(const Setting& s, const std::string& raw);
 /// (RANK, OMPI_COMM_WORLD_SIZE, ...) that share their messages.
 long long parse_integer(std::string_view name, const std::string& raw, long long lo, long long hi,
                         long long multiple, std::string_view expected, std::string_view why);
-double parse_number(std::string_view name, const std::string& raw, double lo, double hi);
+/// `expected`: the words after "expected " (the unit too); empty: "a
+/// number in [lo, hi]".
+double parse_number(std::string_view name, const std::string& raw, double lo, double hi,
+                    std::string_view expected = {});
 
 std::string_view audience_name(Audience a);
 std::string_view kind_name(Kind k);

@@ -191,6 +191,13 @@ std::string describe_choices(const TuningInputs& in) {
       human(in.direct_bytes),
       in.forced ? fmt::format(", SHMRING_ALGO={}", to_string(*in.forced)) : std::string());
   for (K kind : kinds) {
+    if (kind == K::barrier) {  // no payload: one row, not a size range
+      const Crossover* row = choose_row(kind, 0, false, in);
+      out += fmt::format("  {:<23} {:>18} {:<12} {}\n", to_string(kind), "(no data)",
+                         to_string(choose(kind, 0, false, in)),
+                         row ? row->why : "forced by SHMRING_ALGO");
+      continue;
+    }
     for (bool wide : {false, true}) {
       if (wide && kind != K::allreduce && kind != K::reduce_scatter && kind != K::reduce) continue;
       // Runs of sizes with the same algorithm and row.

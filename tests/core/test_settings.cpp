@@ -100,9 +100,9 @@ TEST_CASE("numbers, choices and hex") {
   CHECK(st::number("SHMRING_TIMEOUT") == 2.5);
   unsetenv("SHMRING_TIMEOUT");
   CHECK(refusal("SHMRING_TIMEOUT", "soon", [] { return st::number("SHMRING_TIMEOUT"); }) ==
-        "SHMRING_TIMEOUT='soon': expected a number in [0.001, 1000000000]");
+        "SHMRING_TIMEOUT='soon': expected a number of seconds in [0.001, 1000000000]");
   CHECK(refusal("SHMRING_SPIN_US", "inf", [] { return st::number("SHMRING_SPIN_US"); }) ==
-        "SHMRING_SPIN_US='inf': expected a number in [0, 1000000]");
+        "SHMRING_SPIN_US='inf': expected a number of microseconds in [0, 1000000]");
 
   setenv("SHMRING_ALGO", "Two-Shot", 1);
   CHECK(st::choice("SHMRING_ALGO") == "two_shot");

@@ -134,6 +134,9 @@ TEST_CASE("describe_choices names each collective and its reason") {
   CHECK(s.find("allreduce (16-bit)") != std::string::npos);
   CHECK(s.find("two-shot") != std::string::npos);
   CHECK(s.find("reduce_scatter_v") != std::string::npos);
+  // A barrier moves no data: one row, no size range.
+  CHECK(s.find("barrier                          (no data) low-latency") != std::string::npos);
+  CHECK(s.find("barrier                     8 B") == std::string::npos);
 }
 
 TEST_CASE("the compiled choices give the table's answer at every payload") {
