@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -161,6 +162,27 @@ void stall_before_1000(std::size_t count, const char* name) {
   } else {
     MESSAGE("cross build: shmrun --status not run (SHMRUN is empty)");
   }
+}
+
+// Runs body(comm, rank) on 3 ranks, rank 0 with a 1 s timeout and the
+// others 10 s (SHMRING_ALGO=algo where given); returns rank 0's error.
+std::string rank0_error(const char* name, const char* algo,
+                        const std::function<void(Communicator&, int)>& body) {
+  constexpr int n = 3;
+  const std::string job = test::unique_job_id(name);
+  test::MessageBoard board(n);
+  auto status = test::run_processes(n, [&](int r) {
+    if (algo != nullptr) setenv("SHMRING_ALGO", algo, 1);
+    Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
+    try {
+      body(comm, r);
+      SHMRING_CHILD_CHECK(r != 0, "rank 0: expected a timeout");
+    } catch (const Error& e) {
+      board.put(r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  return board[0];
 }
 
 }  // namespace
@@ -318,26 +340,15 @@ TEST_CASE("a timeout after eager gathers: a rank past the call is not called lat
   // Rank 1's 8-byte gathers are eager: it deposits its blocks of #2 and #3
   // and goes on (then sleeps, outside any call), while rank 2 sleeps
   // before gather #2 and rank 0 times out waiting for it.
-  constexpr int n = 3;
-  const std::string job = test::unique_job_id("recahead");
-  test::MessageBoard board(n);
-  auto status = test::run_processes(n, [&](int r) {
-    Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
+  const std::string m = rank0_error("recahead", nullptr, [](Communicator& comm, int r) {
     const std::int64_t mine = r;
-    std::int64_t all[n] = {};
-    try {
-      for (int i = 0; i < 6; ++i) {
-        if (r == 2 && i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-        if (r == 1 && i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-        comm.gather(&mine, all, 1, DataType::int64, 0);
-      }
-      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
-    } catch (const Error& e) {
-      board.put(r, e.what());
+    std::int64_t all[3] = {};
+    for (int i = 0; i < 6; ++i) {
+      if (r == 2 && i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      if (r == 1 && i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+      comm.gather(&mine, all, 1, DataType::int64, 0);
     }
   });
-  CHECK(test::all_zero(status));
-  const std::string m = board[0];
   INFO("rank 0: ", m);
   CHECK(contains(m, "timed out"));
   CHECK(contains(m, "rank 2 has not entered gather #2; its last completed call was gather #1"));
@@ -350,24 +361,12 @@ TEST_CASE("a timeout after eager gathers: a rank past the call is not called lat
 TEST_CASE("a one-shot allreduce's wait says its data is out, not that none moved") {
   // Rank 2 sleeps before allreduce #1: rank 0 has published its buffer
   // (step 0) and times out waiting for rank 2's.
-  constexpr int n = 3;
-  const std::string job = test::unique_job_id("recstep");
-  test::MessageBoard board(n);
-  auto status = test::run_processes(n, [&](int r) {
-    setenv("SHMRING_ALGO", "direct", 1);
-    Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
+  const std::string m = rank0_error("recstep", "direct", [](Communicator& comm, int r) {
     std::vector<float> x(1000, 1.0f);
-    try {
-      comm.allreduce(std::span<float>(x), ReduceOp::sum);
-      if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-      comm.allreduce(std::span<float>(x), ReduceOp::sum);
-      SHMRING_CHILD_CHECK(r != 0, "rank 0: expected a timeout");
-    } catch (const Error& e) {
-      board.put(r, e.what());
-    }
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    comm.allreduce(std::span<float>(x), ReduceOp::sum);
   });
-  CHECK(test::all_zero(status));
-  const std::string m = board[0];
   INFO("rank 0: ", m);
   CHECK(contains(m, "timed out"));
   CHECK(contains(m, "(collective #1, step 0)"));
