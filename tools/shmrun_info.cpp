@@ -95,6 +95,20 @@ int print_settings(std::FILE* out, const InfoRequest& request) {
       }
     }
   }
+  // Names no reader knows (a misspelling is silently ignored): said, not
+  // refused; rank 0 of a job warns of them too.
+  std::vector<std::pair<std::string, std::string>> unknown;
+  for (const auto& u : st::unknown_variables())
+    unknown.emplace_back(u.name + " [environment]", std::string(u.nearest));
+  for (const auto& [name, value] : request.command_line)
+    if (name.rfind("SHMRING_", 0) == 0 && st::find(name) == nullptr)
+      unknown.emplace_back(name + " [command line]", std::string(st::nearest(name)));
+  if (!unknown.empty()) {
+    std::fprintf(out, "\nNot shmring settings (ignored)\n");
+    for (const auto& [where, near] : unknown)
+      std::fprintf(out, "  %s%s\n", where.c_str(),
+                   near.empty() ? "" : fmt::format(": did you mean {}?", near).c_str());
+  }
   return refused;
 }
 
@@ -110,6 +124,8 @@ void print_settings_markdown(std::FILE* out) {
                "`src/base/settings.hpp`.\n"
                "A bad value is refused with an error naming the variable, the value and what "
                "was expected.\n"
+               "A `SHMRING_*` name not in this table is ignored: rank 0 of a job warns of it "
+               "(with the name it may have meant), and `shmrun --info` lists it.\n"
                "Explicit options (`shmring::Options`, `shmring::mpi::Options`, shmrun's flags) "
                "win over the environment.\n"
                "`shmrun --info` prints the values a job would run with and where they come "

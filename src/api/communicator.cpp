@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -75,6 +76,16 @@ void Communicator::Impl::settings(const Options& options) {
   // A bad SHMRING_MEMBARRIER fails here; the result is published as the
   // rank attaches.
   asymmetric_fence_ok = detail::register_asymmetric_fence();
+  // A misspelt SHMRING_* name is ignored by every reader: say so once per
+  // process, on rank 0 (the ranks of a job share their environment).
+  static std::once_flag unknown_told;
+  if (rank == 0)
+    std::call_once(unknown_told, [] {
+      for (const auto& u : detail::settings::unknown_variables())
+        SHMRING_LOG(
+            warn, "{} is not a shmring setting{}; it is ignored (shmrun --info lists them)", u.name,
+            u.nearest.empty() ? std::string() : fmt::format(" (did you mean {}?)", u.nearest));
+    });
 }
 
 Communicator::Communicator(const Options& options) : impl_(std::make_unique<Impl>()) {

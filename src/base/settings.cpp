@@ -1,10 +1,13 @@
 #include "base/settings.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "shmring/error.hpp"
 
@@ -68,6 +71,53 @@ std::uint64_t parse_bytes(const Setting& s, const std::string& v) {
 
 void refuse(std::string_view name, std::string_view value, std::string_view what) {
   throw InvalidArgumentError(fmt::format("{}='{}': expected {}", name, value, what));
+}
+
+namespace {
+
+// Levenshtein distance: single-letter insertions, deletions and changes.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<UnknownVariable> unknown_variables() {
+  std::vector<UnknownVariable> out;
+  constexpr std::string_view kPrefix = "SHMRING_";
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view kv = *e;
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string_view::npos || kv.substr(0, kPrefix.size()) != kPrefix) continue;
+    const std::string_view name = kv.substr(0, eq);
+    if (find(name) == nullptr) out.push_back({std::string(name), nearest(name)});
+  }
+  return out;
+}
+
+std::string_view nearest(std::string_view name) {
+  // At most a third of the letters after the prefix may differ
+  // (SHMRING_SLOTBYTES: SHMRING_SLOT_BYTES, one).
+  constexpr std::string_view kPrefix = "SHMRING_";
+  const std::string_view tail = name.substr(std::min(name.size(), kPrefix.size()));
+  std::string_view best_name;
+  std::size_t best = tail.size() / 3 + 1;
+  for (const Setting& s : kSettings) {
+    const std::size_t d = edit_distance(tail, s.name.substr(kPrefix.size()));
+    if (d < best) best = d, best_name = s.name;
+  }
+  return best_name;
 }
 
 const Setting* find(std::string_view name) {

@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace shmring::detail::settings {
 
@@ -286,6 +287,19 @@ class Name {
 /// The declaration of `name` (runtime names: the launchers' variables),
 /// or nullptr.
 const Setting* find(std::string_view name);
+
+/// The SHMRING_* variables of this process's environment that kSettings
+/// does not declare (a misspelt name is ignored by every reader), each
+/// with the declared name nearest to it ("" when none is near: at most a
+/// third of its letters differ), in environment order.
+struct UnknownVariable {
+  std::string name;
+  std::string_view nearest;
+};
+std::vector<UnknownVariable> unknown_variables();
+/// The declared name nearest to `name` (a SHMRING_* name), as
+/// unknown_variables() chooses it; "" when none is near.
+std::string_view nearest(std::string_view name);
 
 /// The variable's text, or nullopt when unset or empty. The one place the
 /// library reads a SHMRING_* variable.

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <stdlib.h>
+#include <map>
 
 #include <set>
 #include <stdexcept>
@@ -66,6 +67,24 @@ TEST_CASE("every declaration names a SHMRING_ variable once, with a doc and a so
   CHECK(seen.size() >= 28);
   CHECK(st::find("SHMRING_SLOTS") == &st::kSettings[st::index_of("SHMRING_SLOTS")]);
   CHECK(st::find("SHMRING_NOT_A_SETTING") == nullptr);
+}
+
+TEST_CASE("unknown SHMRING_* variables are found, each with the declared name nearest to it") {
+  setenv("SHMRING_SLOTBYTES", "8192", 1);      // one letter from SHMRING_SLOT_BYTES
+  setenv("SHMRING_TIMOUT", "5", 1);            // one from SHMRING_TIMEOUT
+  setenv("SHMRING_QQQQQQQQQQQQQQQQ", "1", 1);  // near nothing
+  std::map<std::string, std::string> found;
+  for (const auto& u : st::unknown_variables()) found[u.name] = std::string(u.nearest);
+  unsetenv("SHMRING_SLOTBYTES");
+  unsetenv("SHMRING_TIMOUT");
+  unsetenv("SHMRING_QQQQQQQQQQQQQQQQ");
+  CHECK(found["SHMRING_SLOTBYTES"] == "SHMRING_SLOT_BYTES");
+  CHECK(found["SHMRING_TIMOUT"] == "SHMRING_TIMEOUT");
+  CHECK(
+      (found.count("SHMRING_QQQQQQQQQQQQQQQQ") == 1 && found["SHMRING_QQQQQQQQQQQQQQQQ"].empty()));
+  for (const st::Setting& s : st::kSettings)
+    CHECK_MESSAGE(found.count(std::string(s.name)) == 0, s.name);  // declared: never unknown
+  CHECK(st::nearest("SHMRING_SLOT") == "SHMRING_SLOTS");
 }
 
 TEST_CASE("integers: the table's range and multiple, or a narrower one with its reason") {

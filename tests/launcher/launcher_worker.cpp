@@ -17,6 +17,7 @@
 //   launcher_worker env                           prints its environment facts
 //   launcher_worker create                        joins as rank 0 of 2 and waits
 //                                                 (leaves a segment when killed)
+//   launcher_worker once                          one allreduce, then exits 0
 
 #include <sched.h>
 #include <signal.h>
@@ -80,6 +81,12 @@ int run(int argc, char** argv) {
     for (int i = 0; i < 3; ++i) comm.allreduce(std::span<float>(buf), shmring::ReduceOp::sum);
     if (rank == who) return code;
     allreduce_forever(comm, false);
+  }
+  if (mode == "once") {
+    shmring::Communicator comm;
+    std::vector<float> buf(16, 1.0f);
+    comm.allreduce(std::span<float>(buf), shmring::ReduceOp::sum);
+    return 0;
   }
   if (mode == "segv" && argc >= 3) {
     shmring::Communicator comm;

@@ -115,6 +115,23 @@ def test_rank_exit_0_before_attach():
           p.stderr)
 
 
+def test_unknown_setting():
+    """A misspelt SHMRING_* name: rank 0 warns once, naming the setting meant;
+    --info lists it."""
+    env = dict(os.environ, SHMRING_SLOTBYTES="8192")
+    p, _ = shmrun(job_id(), ["-n", "3"], ["once"], env=env)
+    check(p.returncode == 0, f"status {p.returncode}", p.stderr)
+    warning = ("SHMRING_SLOTBYTES is not a shmring setting (did you mean SHMRING_SLOT_BYTES?); "
+               "it is ignored")
+    check(p.stderr.count(warning) == 1, "one warning, from rank 0", p.stderr)
+    p = subprocess.run([SHMRUN, "--info", "-x", "SHMRING_TIMOUT=3"], capture_output=True,
+                       text=True, timeout=20, env=env)
+    check(p.returncode == 0, f"--info: status {p.returncode}", p.stderr)
+    check("SHMRING_SLOTBYTES [environment]: did you mean SHMRING_SLOT_BYTES?" in p.stdout and
+          "SHMRING_TIMOUT [command line]: did you mean SHMRING_TIMEOUT?" in p.stdout,
+          "--info names both", p.stdout)
+
+
 def test_segv():
     """A worker dies of SIGSEGV: shmrun exits 139 and says which signal."""
     jid = job_id()
