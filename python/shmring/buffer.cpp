@@ -53,8 +53,12 @@ BufferView::~BufferView() {
   if (managed_ && managed_->deleter) managed_->deleter(managed_);
 }
 
+// "ndarray", "Tensor", "bytes object": the messages read "the {} is ...",
+// and "the bytes is read-only" would not.
 std::string type_name(py::handle obj) {
-  return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+  std::string name = py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+  if (name == "bytes" || name == "bytearray" || name == "memoryview") name += " object";
+  return name;
 }
 
 // "dtype int16 " / "dtype torch.int16 ": the object's own name for its
