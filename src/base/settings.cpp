@@ -107,8 +107,8 @@ std::vector<UnknownVariable> unknown_variables() {
 }
 
 std::string_view nearest(std::string_view name) {
-  // At most a third of the letters after the prefix may differ
-  // (SHMRING_SLOTBYTES: SHMRING_SLOT_BYTES, one).
+  // At most a third of the letters after the prefix may differ (a name
+  // that drops the underscore of SHMRING_SLOT_BYTES is one letter off).
   constexpr std::string_view kPrefix = "SHMRING_";
   const std::string_view tail = name.substr(std::min(name.size(), kPrefix.size()));
   std::string_view best_name;
