@@ -263,7 +263,6 @@ def evaluate(model, backend, images, labels, rank, world_size, batch=1000):
     return stats[0].item() / stats[2].item(), stats[1].item() / stats[2].item()
 
 
-
 def local_batch_size(batch_size, world_size):
     """Each rank's share of --batch-size; exits naming the nearest valid sizes
     when the world size does not divide it."""
@@ -273,6 +272,7 @@ def local_batch_size(batch_size, world_size):
         raise SystemExit(f"train_torch: --batch-size {batch_size} is not a multiple of the "
                          f"world size {world_size} (the nearest that are: {nearest})")
     return batch_size // world_size
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],

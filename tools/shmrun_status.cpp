@@ -28,6 +28,7 @@
 #include "core/recorder.hpp"
 #include "transport/header_check.hpp"
 #include "transport/recorder_read.hpp"
+#include "transport/segment.hpp"
 
 namespace shmring::tools {
 
@@ -221,18 +222,16 @@ bool print_job(const Found& f, FILE* out) {
 
 std::vector<int> ranks_not_attached(const std::string& job_id) {
   std::vector<int> absent;
-  const std::string name = fmt::format("shmring-{}-{}-", getuid(), job_id);
-  DIR* shm = opendir("/dev/shm");
-  if (shm == nullptr) return absent;
+  const std::string prefix = fmt::format("shmring-{}-{}-", getuid(), job_id);
   std::string path;
-  while (dirent* e = readdir(shm)) {
-    const std::string entry = e->d_name;
-    if (entry.rfind(name, 0) == 0 && entry.find('-', name.size()) == std::string::npos) {
-      path = "/dev/shm/" + entry;
+  // A live creator's only: a segment left by an earlier job of this id (its
+  // creator dead) is removed by the next rank 0 and says nothing of ours.
+  for (const auto& seg : d::list_segments())
+    if (seg.name.rfind(prefix, 0) == 0 && seg.name.find('-', prefix.size()) == std::string::npos &&
+        seg.creator_alive) {
+      path = "/dev/shm/" + seg.name;
       break;
     }
-  }
-  closedir(shm);
   if (path.empty()) return absent;  // not created yet, or every rank attached
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return absent;
