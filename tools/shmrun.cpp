@@ -395,10 +395,12 @@ int main(int argc, char** argv) {
     const std::string why = spec.bind_to_core
                                 ? fmt::format("--bind-to core: {} core(s) per rank", per_rank)
                                 : fmt::format("{} CPUs / {} ranks", cpus, spec.np);
+    // Said once the ranks run (run_job), not for a program that cannot.
     if (!set.empty())
-      std::fprintf(stderr, "shmrun: setting %s=%d for each rank (%s); set %s yourself to choose\n",
-                   set.size() == 2 ? "OMP_NUM_THREADS and MKL_NUM_THREADS" : set[0].c_str(),
-                   per_rank, why.c_str(), set.size() == 2 ? "them" : "it");
+      spec.notice =
+          fmt::format("shmrun: setting {}={} for each rank ({}); set {} yourself to choose",
+                      set.size() == 2 ? "OMP_NUM_THREADS and MKL_NUM_THREADS" : set[0], per_rank,
+                      why, set.size() == 2 ? "them" : "it");
   }
   return l::run_job(spec);
 }

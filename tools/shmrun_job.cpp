@@ -460,6 +460,19 @@ void Job::start_teardown(int sig) {
 }
 
 void Job::on_failure(int rank) {
+  // A rank that crashed is the cause, not its peers that exited with an
+  // error on seeing it die, or aborted on that error left uncaught (SIGABRT):
+  // they can be reaped first, in the same batch of SIGCHLDs. So until the
+  // launcher sends a signal of its own (term_at_), a crash outranks an abort,
+  // and either outranks an exit status.
+  const auto severity = [this](int r) {
+    const int st = workers_[r].status;
+    return !WIFSIGNALED(st) ? 0 : WTERMSIG(st) == SIGABRT ? 1 : 2;
+  };
+  if (end_ == End::failure && term_at_ != kNever && severity(rank) > severity(first_rank_)) {
+    first_rank_ = rank;
+    return;
+  }
   if (end_ != End::none) return;
   end_ = End::failure;
   first_rank_ = rank;
@@ -653,6 +666,7 @@ int Job::run() {
     remove_job_segments(spec_.job_id);
     return spawn_exit_;
   }
+  if (!spec_.notice.empty()) std::fprintf(stderr, "%s\n", spec_.notice.c_str());
   supervise();
   remove_job_segments(spec_.job_id);
   std::fflush(stdout);

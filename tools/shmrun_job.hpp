@@ -24,6 +24,9 @@ struct JobSpec {
   /// Extra environment in order (later wins); the rank variables are set
   /// after these and always win.
   std::vector<std::pair<std::string, std::string>> env;
+  /// A line for stderr once every rank's program has started (not when the
+  /// program cannot run): what the launcher chose for the ranks.
+  std::string notice;
 };
 
 /// Exit statuses besides a worker's own.

@@ -142,6 +142,19 @@ def test_segv():
     assert_clean(jid, p.stderr, 4)
 
 
+def test_crash_named_first():
+    """Rank 0 exits 1, rank 2 aborts 30 ms later, rank 1 dies of SIGSEGV 60 ms
+    later, all before the launcher's SIGTERM: the crash is the job's status,
+    as it is when the ranks that exit on seeing a peer crash are reaped first."""
+    jid = job_id()
+    p, _ = shmrun(jid, ["-n", "3"], ["exit_then_crash"])
+    check(p.returncode == 139, f"exit status {p.returncode}, expected 139 (rank 1's SIGSEGV)",
+          p.stderr)
+    check(re.search(r"rank 1 \(pid \d+\) was killed by signal 11 \(SEGV\); job terminated",
+                    p.stderr), "expected the summary to name rank 1's SIGSEGV", p.stderr)
+    assert_clean(jid, p.stderr, 3)
+
+
 def start_loop(jid, extra_worker_args, options=()):
     err = tempfile.TemporaryFile(mode="w+")
     cmd = [SHMRUN, "--report-bindings", "--job-id", jid, "-n", "4", *options, "--", WORKER,
@@ -571,6 +584,8 @@ def test_usage_errors():
                        timeout=20)
     check(p.returncode == 127, f"missing program: exit status {p.returncode}", p.stderr)
     check(p.stderr.count("cannot run '/nonexistent/prog'") == 1, "one message", p.stderr)
+    check("setting OMP_NUM_THREADS" not in p.stderr,
+          "no word of the threads it set for a program that never ran", p.stderr)
     p = subprocess.run([SHMRUN, "-n", "2", "--bogus", "--", "true"], capture_output=True,
                        text=True, timeout=20)
     check(p.returncode == 2 and "unknown option '--bogus'" in p.stderr,
