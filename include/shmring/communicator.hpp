@@ -431,6 +431,11 @@ class SHMRING_API Communicator {
 
   /// Collectives completed so far by this rank (the sequence number of the
   /// next one to run); requests still queued or running are not counted.
+  /// A call this rank refused (InvalidArgumentError, told to the peers) is
+  /// counted: it took its place in the collective order. A call that failed
+  /// (any other error) is not, so after a failure the ranks' counts may
+  /// differ by one: a peer that called the refused collective validly
+  /// failed in it.
   std::uint64_t collective_count() const noexcept;
 
   struct Impl;

@@ -360,7 +360,9 @@ until the timeout; refused alike on every rank, the communicator stays usable.
           "(config['oversubscribed'], or another oversubscribed communicator of this process).")
       .def_property_readonly(
           "collective_count", [](PyCommunicator& c) { return c.get().collective_count(); },
-          "Collectives issued so far by this rank.")
+          "Collectives this rank has completed (the sequence number of its next one): "
+          "non-blocking ones still queued or running are not counted; a call it refused with "
+          "InvalidArgumentError is, a call that failed otherwise is not.")
       .def_property_readonly("closed", &PyCommunicator::closed)
       .def("allreduce", ranked("allreduce", &allreduce), py::arg("buffer"),
            py::arg("op") = ReduceOp::sum, py::kw_only(), py::arg("out") = py::none(),

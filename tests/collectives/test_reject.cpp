@@ -297,6 +297,10 @@ TEST_CASE("two ranks refuse what a third runs: both refusers get AbortedError ne
         else
           expect_throw<InvalidArgumentError>(
               r, [&] { c.reject_call("allgather", "out: too small"); }, "out: too small");
+        // The refused call took its place in the order; the failed one did
+        // not complete (communicator.hpp, collective_count).
+        SHMRING_CHILD_CHECK(c.collective_count() == (r == 0 ? 0u : 1u), "rank %d: %llu collectives",
+                            r, static_cast<unsigned long long>(c.collective_count()));
         for (int i = 0; i < 2; ++i)
           expect_throw<AbortedError>(
               r, [&] { c.allreduce(std::span<float>(x), ReduceOp::sum); }, "unusable");
