@@ -20,6 +20,20 @@ namespace detail {
 RequestState::RequestState(std::int64_t spin, std::int64_t yield)
     : fork_gen(fork_generation()), spin_ns(spin), yield_ns(yield) {}
 
+namespace {
+// on_complete's promise (request.hpp): whatever `fn` throws is logged, never
+// passed on, on the progress thread and on the caller's alike.
+void run_callback(const std::function<void(std::exception_ptr)>& fn, std::exception_ptr e) {
+  try {
+    fn(e);
+  } catch (const std::exception& x) {
+    SHMRING_LOG(err, "a Request's on_complete callback threw (ignored): {}", x.what());
+  } catch (...) {
+    SHMRING_LOG(err, "a Request's on_complete callback threw (ignored)");
+  }
+}
+}  // namespace
+
 void RequestState::complete(std::exception_ptr e) {
   std::function<void(std::exception_ptr)> cb;
   {
@@ -32,15 +46,7 @@ void RequestState::complete(std::exception_ptr e) {
     if (cb) seen.store(true, std::memory_order_relaxed);  // the callback gets the error
   }
   cv.notify_all();
-  if (cb) {
-    try {
-      cb(e);
-    } catch (const std::exception& x) {
-      SHMRING_LOG(err, "a Request's on_complete callback threw (ignored): {}", x.what());
-    } catch (...) {
-      SHMRING_LOG(err, "a Request's on_complete callback threw (ignored)");
-    }
-  }
+  if (cb) run_callback(cb, e);
 }
 
 namespace {
@@ -167,7 +173,7 @@ void Request::on_complete(std::function<void(std::exception_ptr)> fn) {
     e = state_->error;
     state_->seen.store(true, std::memory_order_relaxed);
   }
-  fn(e);
+  detail::run_callback(fn, e);
 }
 
 }  // namespace shmring

@@ -221,6 +221,15 @@ TEST_CASE("on_complete runs once, off the caller, with the error or null") {
     std::thread::id late;
     req.on_complete([&](std::exception_ptr) { late = std::this_thread::get_id(); });
     SHMRING_CHILD_CHECK(late == caller, "late callback not run on the caller");
+    // Swallowed there too, whatever it throws (request.hpp).
+    bool thrown_out = false;
+    try {
+      req.on_complete([](std::exception_ptr) { throw std::runtime_error("from the callback"); });
+      req.on_complete([](std::exception_ptr) { throw 42; });
+    } catch (...) {
+      thrown_out = true;
+    }
+    SHMRING_CHILD_CHECK(!thrown_out, "a late callback's exception reached the caller");
     (void)runner;
     // An error reaches the callback too: mismatched counts.
     std::atomic<int> errs{0};
