@@ -107,8 +107,9 @@ class PyCommunicator {
 
   void close() {
     if (busy_.load())
-      throw InvalidArgumentError(
-          "close(): a collective is running on this Communicator in another thread");
+      throw InvalidArgumentError(fmt::format(
+          "rank {}: close(): a collective is running on this Communicator in another thread",
+          rank_));
     std::unique_ptr<Communicator> c = std::move(comm_);
     py::gil_scoped_release release;
     c.reset();
@@ -120,9 +121,9 @@ class PyCommunicator {
     explicit Busy(PyCommunicator& c, const char* what) : c_(c) {
       if (c_.busy_.exchange(true))
         throw InvalidArgumentError(fmt::format(
-            "{}: this Communicator is already running a collective in another thread; one "
-            "Communicator serves one thread at a time",
-            what));
+            "rank {}: {}: this Communicator is already running a collective in another thread; "
+            "one Communicator serves one thread at a time",
+            c_.rank(), what));
     }
     ~Busy() { c_.busy_.store(false); }
     Busy(const Busy&) = delete;

@@ -60,6 +60,15 @@ T from_py(py::object obj, const char* what) {
 template <class T>
 using PyArg = py::object;
 
+// Tells the peers of a call the bindings refused (Communicator::reject_call,
+// which throws), under the one-thread guard: while another thread runs a
+// collective on this communicator nothing may be published into its order,
+// and the caller hears that instead (Busy throws InvalidArgumentError).
+[[noreturn]] void reject_in_order(PyCommunicator& self, const char* what, const std::string& why) {
+  PyCommunicator::Busy busy(self, what);
+  self.get().reject_call(what, why);
+}
+
 // A collective's Python entry point. The bindings' own argument errors
 // (buffer conversions, shapes) happen before the core sees the call: they
 // are told to the peers in call order (Communicator::reject_call), so the
@@ -82,10 +91,11 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
       if (!t_core_reached && !self.closed()) {
         const std::string prefix = std::string(what) + ": ";
         if (m.rfind(prefix, 0) == 0) m.erase(0, prefix.size());
-        self.get().reject_call(what, m);
+        reject_in_order(self, what, m);
       }
-      if (m.rfind("rank ", 0) == 0 || self.closed()) throw;
-      throw InvalidArgumentError(fmt::format("rank {}: {}", self.get().rank(), m));
+      // Closed, the refusal is raised as the core's would be: rank first.
+      if (m.rfind("rank ", 0) == 0) throw;
+      throw InvalidArgumentError(fmt::format("rank {}: {}", self.rank(), m));
     } catch (const py::type_error& e) {
       // An argument of the wrong type (from_py): told to the peers without
       // repeating the collective's name, raised with the rank first.
@@ -94,7 +104,7 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
       const std::string prefix = std::string(what) + ": ";
       if (m.rfind(prefix, 0) == 0) m.erase(0, prefix.size());
       try {
-        self.get().reject_call(what, m);
+        reject_in_order(self, what, m);
       } catch (const Error&) {
         // Published (or the communicator is broken and the peers know).
       }
@@ -111,7 +121,7 @@ auto ranked(const char* what, py::object (*f)(PyCommunicator&, A...)) {
       } catch (...) {
       }
       try {
-        self.get().reject_call(what, why);
+        reject_in_order(self, what, why);
       } catch (const Error&) {
         // Published (or the communicator is broken and the peers know):
         // the caller gets the original error, which says most.
@@ -181,7 +191,7 @@ auto misbound(Signature sig) {
     const std::string why = fmt::format("{}() takes ({}), not ({})", sig.name, sig.params, got);
     if (!self.closed()) {
       try {
-        self.get().reject_call(sig.name, why);
+        reject_in_order(self, sig.name, why);
       } catch (const Error&) {
         // Published (or the communicator is broken and the peers know).
       }

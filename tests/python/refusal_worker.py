@@ -375,6 +375,44 @@ def scenario_every_rank(rank, size, job_id, timeout, only):
         print("every rank ok", flush=True)
 
 
+def scenario_busy_thread(rank, size, job_id, timeout, only):
+    """While a thread of rank 0 runs a collective, its second thread makes
+    calls the bindings refuse: each raises (the one-thread rule, or its own
+    TypeError) and nothing reaches the call order, so the running collective
+    and the next one complete right on every rank."""
+    import threading
+    n = 1 << 16
+    with shmring.Communicator(rank=rank, size=size, job_id=job_id, timeout=timeout) as comm:
+        big = values(rank, n)
+        if rank == 0:
+            failed = []
+
+            def run():
+                try:
+                    comm.allreduce(big)
+                except Exception as e:  # noqa: BLE001  reported below
+                    failed.append(e)
+
+            t = threading.Thread(target=run)
+            t.start()
+            time.sleep(0.5)  # the thread waits in its allreduce for rank 1 (2 s away)
+            expect(lambda: comm.allreduce(np.ones(4, dtype=np.complex64)),
+                   shmring.InvalidArgumentError,
+                   ["rank 0", "already running a collective in another thread"])
+            expect(lambda: comm.allreduce(values(rank, 4), op="max"), TypeError, ["ReduceOp"])
+            expect(lambda: comm.allreduce(values(rank, 4), bogus=1), TypeError, ["bogus"])
+            t.join()
+            check(not failed, f"the running allreduce failed: {failed}")
+        else:
+            time.sleep(2.0)
+            comm.allreduce(big)
+        check(np.array_equal(big, sum(values(r, n) for r in range(size))), "the running allreduce")
+        buf = values(rank, 8)
+        comm.allreduce(buf)
+        check(np.array_equal(buf, sum(values(r, 8) for r in range(size))), "the next allreduce")
+        print("busy thread ok", flush=True)
+
+
 def main():
     scenario, rank, size, job_id = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     timeout = float(os.environ.get("WORKER_TIMEOUT", "60"))

@@ -45,3 +45,11 @@ def test_peers_error_names_the_rank_and_the_problem(size):
         for name in ("reduce_scatter_out", "allgather_out", "async_allgather_out",
                      "allreduce_out_dtype"):
             assert f"{name} ok" in out, name
+
+
+def test_refused_while_another_thread_runs_a_collective():
+    """A call refused on one thread while another runs a collective raises on
+    that thread only: nothing is told to the peers mid-collective."""
+    results = run_ranks("busy_thread", 2, env=ENV, worker="refusal_worker.py")
+    assert_all_ok(results)
+    assert all("busy thread ok" in out for _, out in results)
