@@ -379,10 +379,17 @@ void P2p::post(const OpPtr& op) {
   PeerState& ps = peers_[static_cast<std::size_t>(op->peer)];
   if (op->is_send) progress_send(op->peer, ps);  // picks up verdicts of inline sends
   if (op->is_send && ps.deferred) {
-    // An earlier inline send to this peer was refused by its recv.
+    // An earlier inline send to this peer was refused by its recv. This send
+    // throws it without starting: a call that throws sent nothing, and the
+    // message says so (point-to-point.md).
     auto e = ps.deferred;
     ps.deferred = nullptr;
-    std::rethrow_exception(e);
+    try {
+      std::rethrow_exception(e);
+    } catch (const MismatchError& m) {
+      throw MismatchError(fmt::format("{}; this {} was not started: call it again to send it",
+                                      m.what(), describe(*op)));
+    }
   }
   op->deadline = c_.deadline();
   record_begin(*op);

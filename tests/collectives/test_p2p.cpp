@@ -510,14 +510,25 @@ TEST_CASE("count or datatype mismatch is MismatchError on both ranks, naming bot
         comm.send(x.data(), count, DataType::int64, p, 1);
         comm.recv(y.data(), 1, DataType::int64, p, 2);  // rank 1 replies after its failure
         SHMRING_CHILD_CHECK(
-            throws_as<MismatchError>([&] { comm.send(x.data(), 1, DataType::int64, p, 1); }, &what),
+            throws_as<MismatchError>([&] { comm.send(x.data(), 1, DataType::int64, p, 4); }, &what),
             "buffered mismatch (count %zu) never reached the sender", count);
+        // The send that told it did not start, and says so; sent again, it
+        // arrives (and nothing of the first try does).
+        SHMRING_CHILD_CHECK(
+            what.find("send(count=1, int64) to rank 1, tag 4 was not started") != std::string::npos,
+            "the error does not say the send was not started: %s", what.c_str());
+        x[0] = 42;
+        comm.send(x.data(), 1, DataType::int64, p, 4);
       } else {
         SHMRING_CHILD_CHECK(
             throws_as<MismatchError>([&] { comm.recv(y.data(), count + 1, DataType::int64, p, 1); },
                                      &what),
             "buffered mismatch (count %zu): receiver did not throw", count);
         comm.send(x.data(), 1, DataType::int64, p, 2);
+        std::int64_t got = 0;
+        comm.recv(&got, 1, DataType::int64, p, 4);
+        SHMRING_CHILD_CHECK(got == 42, "the send made again delivered %lld, expected 42",
+                            static_cast<long long>(got));
       }
       SHMRING_CHILD_CHECK(what.find(std::to_string(count)) != std::string::npos &&
                               what.find(std::to_string(count + 1)) != std::string::npos,
