@@ -174,6 +174,16 @@ class SHMRING_MPI_API Communicator {
   /// Returns once every rank has entered.
   void barrier();
 
+  /// Refuses a collective this rank cannot make (its arguments are wrong),
+  /// as every collective above does with its own: the node's other ranks
+  /// are told in their call order, so one that made the call validly fails
+  /// at once with a MismatchError naming this rank and `reason`; when every
+  /// rank refuses alike nothing moved and the communicator stays usable.
+  /// Ranks on other nodes are not told (they may wait in MPI: refuse alike
+  /// on every rank, or end the job). Always throws: InvalidArgumentError
+  /// "rank R: collective: reason", or AbortedError on a broken communicator.
+  [[noreturn]] void reject_call(const std::string& collective, const std::string& reason);
+
   template <class T>
   void allreduce(std::span<T> buffer, ReduceOp op) {
     allreduce(buffer.data(), buffer.data(), buffer.size(), datatype_of_v<std::remove_cv_t<T>>, op);
@@ -181,8 +191,8 @@ class SHMRING_MPI_API Communicator {
   template <class T>
   void allreduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     if (send.size() != recv.size())
-      throw InvalidArgumentError("allreduce: send has " + std::to_string(send.size()) +
-                                 " elements but recv has " + std::to_string(recv.size()));
+      reject_call("allreduce", "send has " + std::to_string(send.size()) +
+                                   " elements but recv has " + std::to_string(recv.size()));
     allreduce(send.data(), recv.data(), send.size(), datatype_of_v<std::remove_cv_t<T>>, op);
   }
   template <class T>

@@ -4,6 +4,9 @@
 
 #include "shmring/shmring_mpi.h"
 
+#include <fmt/format.h>
+
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -40,7 +43,8 @@ shmring_result_t guarded(shmring_mpi_comm_t c, F&& f) {
 }
 
 shmring_result_t invalid(shmring_mpi_comm_t c, const char* fn, const char* what) {
-  t_last_error = std::string(fn) + ": " + what;
+  t_last_error = c ? fmt::format("rank {}: {}: {}", c->comm.rank(), fn, what)
+                   : fmt::format("{}: {}", fn, what);
   if (c) c->last_error = t_last_error;
   return SHMRING_ERR_INVALID_ARGUMENT;
 }
@@ -48,11 +52,32 @@ shmring_result_t invalid(shmring_mpi_comm_t c, const char* fn, const char* what)
 #define SHMRING_MPI_REQUIRE_COMM(c) \
   if ((c) == nullptr) return invalid(nullptr, __func__, "comm is NULL")
 
-shmring::DataType dt(shmring_datatype_t d) {
-  return static_cast<shmring::DataType>(d);
+template <class E>
+int raw_enum(const E& e) {
+  static_assert(sizeof(E) == sizeof(int), "the C enums are passed as int");
+  int v = 0;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
 }
-shmring::ReduceOp rop(shmring_reduce_op_t o) {
-  return static_cast<shmring::ReduceOp>(o);
+
+// The C enums are ints, shmring's DataType and ReduceOp 8-bit: a plain cast
+// would wrap 256 to float32 (and 257 to float64, past the caller's buffer).
+// Values outside 0..255 are refused here, naming the value passed, through
+// reject_call (the node's other ranks are told, as of any refused call);
+// the front refuses 8..255 itself.
+shmring::DataType dt(shmring_mpi_comm_t c, const char* collective, shmring_datatype_t d) {
+  const int v = raw_enum(d);
+  if (v < 0 || v > 255)
+    c->comm.reject_call(collective, fmt::format("datatype {} is not a shmring_datatype_t (0..{})",
+                                                v, static_cast<int>(SHMRING_INT64)));
+  return static_cast<shmring::DataType>(v);
+}
+shmring::ReduceOp rop(shmring_mpi_comm_t c, const char* collective, shmring_reduce_op_t o) {
+  const int v = raw_enum(o);
+  if (v < 0 || v > 255)
+    c->comm.reject_call(collective, fmt::format("reduce op {} is not a shmring_reduce_op_t (0..{})",
+                                                v, static_cast<int>(SHMRING_AVG)));
+  return static_cast<shmring::ReduceOp>(v);
 }
 
 }  // namespace
@@ -101,34 +126,43 @@ shmring_result_t shmring_mpi_allreduce(const void* send, void* recv, size_t coun
                                        shmring_datatype_t dtype, shmring_reduce_op_t op,
                                        shmring_mpi_comm_t comm) {
   SHMRING_MPI_REQUIRE_COMM(comm);
-  return guarded(comm, [&] { comm->comm.allreduce(send, recv, count, dt(dtype), rop(op)); });
+  return guarded(comm, [&] {
+    comm->comm.allreduce(send, recv, count, dt(comm, "allreduce", dtype),
+                         rop(comm, "allreduce", op));
+  });
 }
 
 shmring_result_t shmring_mpi_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                             shmring_datatype_t dtype, shmring_reduce_op_t op,
                                             shmring_mpi_comm_t comm) {
   SHMRING_MPI_REQUIRE_COMM(comm);
-  return guarded(comm,
-                 [&] { comm->comm.reduce_scatter(send, recv, recv_count, dt(dtype), rop(op)); });
+  return guarded(comm, [&] {
+    comm->comm.reduce_scatter(send, recv, recv_count, dt(comm, "reduce_scatter", dtype),
+                              rop(comm, "reduce_scatter", op));
+  });
 }
 
 shmring_result_t shmring_mpi_allgather(const void* send, void* recv, size_t send_count,
                                        shmring_datatype_t dtype, shmring_mpi_comm_t comm) {
   SHMRING_MPI_REQUIRE_COMM(comm);
-  return guarded(comm, [&] { comm->comm.allgather(send, recv, send_count, dt(dtype)); });
+  return guarded(
+      comm, [&] { comm->comm.allgather(send, recv, send_count, dt(comm, "allgather", dtype)); });
 }
 
 shmring_result_t shmring_mpi_broadcast(void* buffer, size_t count, shmring_datatype_t dtype,
                                        int root, shmring_mpi_comm_t comm) {
   SHMRING_MPI_REQUIRE_COMM(comm);
-  return guarded(comm, [&] { comm->comm.broadcast(buffer, count, dt(dtype), root); });
+  return guarded(comm,
+                 [&] { comm->comm.broadcast(buffer, count, dt(comm, "broadcast", dtype), root); });
 }
 
 shmring_result_t shmring_mpi_reduce(const void* send, void* recv, size_t count,
                                     shmring_datatype_t dtype, shmring_reduce_op_t op, int root,
                                     shmring_mpi_comm_t comm) {
   SHMRING_MPI_REQUIRE_COMM(comm);
-  return guarded(comm, [&] { comm->comm.reduce(send, recv, count, dt(dtype), rop(op), root); });
+  return guarded(comm, [&] {
+    comm->comm.reduce(send, recv, count, dt(comm, "reduce", dtype), rop(comm, "reduce", op), root);
+  });
 }
 
 shmring_result_t shmring_mpi_barrier(shmring_mpi_comm_t comm) {

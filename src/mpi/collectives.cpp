@@ -51,17 +51,13 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
                                   DataType dtype, ReduceOp op) {
   Impl& c = *impl_;
   c.check_usable("reduce_scatter");
-  if (c.num_nodes == 1 && c.algorithm != Algorithm::flat)
-    return c.node_stage("reduce_scatter in the node",
-                        [&] { c.node_comm->reduce_scatter(send, recv, recv_count, dtype, op); });
   // Validated here, on every rank alike, before anything moves.
-  (void)datatype_size(dtype);
-  if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps) ||
-      (op == ReduceOp::avg && !is_floating(dtype)))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: reduce_scatter: operator {} with datatype {}: expected sum, prod, min, max, "
-        "or avg on a floating type",
-        c.rank, static_cast<int>(op), to_string(dtype)));
+  c.check_op("reduce_scatter", dtype, op);
+  c.check_buffer("reduce_scatter", "send", send, recv_count);
+  c.check_buffer("reduce_scatter", "recv", recv, recv_count);
+  if (c.num_nodes == 1 && c.algorithm != Algorithm::flat)
+    return c.node_call("reduce_scatter in the node",
+                       [&] { c.node_comm->reduce_scatter(send, recv, recv_count, dtype, op); });
   if (recv_count == 0) return;
   if (c.balanced && c.algorithm != Algorithm::flat && recv_count <= kMaxMpiCount)
     return c.reduce_scatter_hier(send, recv, recv_count, dtype, op);
@@ -76,15 +72,17 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
 void Communicator::allgather(const void* send, void* recv, std::size_t send_count, DataType dtype) {
   Impl& c = *impl_;
   c.check_usable("allgather");
+  c.check_dtype("allgather", dtype);
+  c.check_buffer("allgather", "send", send, send_count);
+  c.check_buffer("allgather", "recv", recv, send_count);
   if (c.num_nodes == 1)
-    return c.node_stage("allgather in the node",
-                        [&] { c.node_comm->allgather(send, recv, send_count, dtype); });
+    return c.node_call("allgather in the node",
+                       [&] { c.node_comm->allgather(send, recv, send_count, dtype); });
   const std::size_t esize = datatype_size(dtype);
   const std::size_t block = send_count * esize;
   if (block > static_cast<std::size_t>(INT_MAX))
-    throw InvalidArgumentError(
-        fmt::format("rank {}: allgather: {} bytes per rank; at most {} across nodes (MPI's int)",
-                    c.rank, block, INT_MAX));
+    c.refuse("allgather",
+             fmt::format("{} bytes per rank; at most {} across nodes (MPI's int)", block, INT_MAX));
   if (send_count == 0) return;
 
   // 1. The node's blocks, in local order.
@@ -127,13 +125,12 @@ void Communicator::allgather(const void* send, void* recv, std::size_t send_coun
 void Communicator::broadcast(void* buffer, std::size_t count, DataType dtype, int root) {
   Impl& c = *impl_;
   c.check_usable("broadcast");
-  if (root < 0 || root >= c.size)
-    throw InvalidArgumentError(
-        fmt::format("rank {}: broadcast: root {} is not a rank of this communicator (0..{})",
-                    c.rank, root, c.size - 1));
+  c.check_root("broadcast", root);
+  c.check_dtype("broadcast", dtype);
+  c.check_buffer("broadcast", "buffer", buffer, count);
   if (c.num_nodes == 1)
-    return c.node_stage("broadcast in the node",
-                        [&] { c.node_comm->broadcast(buffer, count, dtype, root); });
+    return c.node_call("broadcast in the node",
+                       [&] { c.node_comm->broadcast(buffer, count, dtype, root); });
   const std::size_t bytes = count * datatype_size(dtype);
   if (count == 0) return;
   const int root_node = c.node_of[root], root_local = c.local_of[root];
@@ -156,20 +153,13 @@ void Communicator::reduce(const void* send, void* recv, std::size_t count, DataT
                           ReduceOp op, int root) {
   Impl& c = *impl_;
   c.check_usable("reduce");
-  if (root < 0 || root >= c.size)
-    throw InvalidArgumentError(
-        fmt::format("rank {}: reduce: root {} is not a rank of this communicator (0..{})", c.rank,
-                    root, c.size - 1));
+  c.check_root("reduce", root);
+  c.check_op("reduce", dtype, op);
+  c.check_buffer("reduce", "send", send, count);
+  if (c.rank == root) c.check_buffer("reduce", "recv (at the root)", recv, count);
   if (c.num_nodes == 1)
-    return c.node_stage("reduce in the node",
-                        [&] { c.node_comm->reduce(send, recv, count, dtype, op, root); });
-  (void)datatype_size(dtype);
-  if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps) ||
-      (op == ReduceOp::avg && !is_floating(dtype)))
-    throw InvalidArgumentError(fmt::format(
-        "rank {}: reduce: operator {} with datatype {}: expected sum, prod, min, max, or avg on "
-        "a floating type",
-        c.rank, static_cast<int>(op), to_string(dtype)));
+    return c.node_call("reduce in the node",
+                       [&] { c.node_comm->reduce(send, recv, count, dtype, op, root); });
   if (count == 0) return;
   const std::size_t bytes = count * datatype_size(dtype);
   const int root_node = c.node_of[root], root_local = c.local_of[root];

@@ -57,6 +57,55 @@ void Communicator::Impl::check_mpi(int rc, const char* stage) {
   fail(stage, ErrorCode::peer_failure, fmt::format("MPI error {}: {}", rc, text));
 }
 
+void Communicator::Impl::refuse(const char* what, const std::string& why) {
+  // Told to the node's other ranks in their call order (shmring's
+  // reject_call): one that made this call validly fails at once with a
+  // MismatchError naming this rank and `why`, which the error policy then
+  // handles as any failure in the node. When every rank refuses alike,
+  // nothing moved and the communicator stays usable. Ranks on other nodes
+  // are not told (docs/guide/multi-node.md, "Errors").
+  if (node_comm && broken.empty()) {
+    try {
+      node_comm->reject_call(what, why);
+    } catch (const Error&) {
+      // Published (or the node communicator is broken and its ranks know).
+    }
+  }
+  throw InvalidArgumentError(fmt::format("rank {}: {}: {}", rank, what, why));
+}
+
+void Communicator::Impl::check_dtype(const char* what, DataType dtype) {
+  if (static_cast<unsigned>(dtype) >= static_cast<unsigned>(kNumDataTypes))
+    refuse(what, fmt::format("datatype {} is not a DataType (0..{})", static_cast<int>(dtype),
+                             kNumDataTypes - 1));
+}
+
+void Communicator::Impl::check_op(const char* what, DataType dtype, ReduceOp op) {
+  check_dtype(what, dtype);
+  if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
+    refuse(what, fmt::format("operator {} is not a ReduceOp (0..{})", static_cast<int>(op),
+                             kNumReduceOps - 1));
+  if (op == ReduceOp::avg && !is_floating(dtype))
+    refuse(what, fmt::format("avg needs a floating datatype, got {}; use sum and divide",
+                             to_string(dtype)));
+}
+
+void Communicator::Impl::check_root(const char* what, int root) {
+  if (root < 0 || root >= size)
+    refuse(what, fmt::format("root {} is not a rank of this communicator (0..{})", root, size - 1));
+}
+
+void Communicator::Impl::check_buffer(const char* what, const char* name, const void* p,
+                                      std::size_t count) {
+  if (p == nullptr && count > 0) refuse(what, fmt::format("{} is null with count {}", name, count));
+}
+
+void Communicator::reject_call(const std::string& collective, const std::string& reason) {
+  Impl& c = *impl_;
+  c.check_usable(collective.c_str());
+  c.refuse(collective.c_str(), reason);
+}
+
 void Communicator::Impl::check_usable(const char* what) const {
   if (!broken.empty())
     throw AbortedError(fmt::format(
@@ -129,20 +178,9 @@ void Communicator::allreduce(const void* send, void* recv, std::size_t count, Da
                              ReduceOp op) {
   Impl& c = *impl_;
   c.check_usable("allreduce");
-  // The same checks as shmring's, made before any stage so that every rank
-  // rejects a bad call alike and nothing moves.
-  (void)datatype_size(dtype);
-  if (static_cast<unsigned>(op) >= static_cast<unsigned>(kNumReduceOps))
-    throw InvalidArgumentError(
-        fmt::format("rank {}: allreduce: operator {} is not a ReduceOp (0..{})", c.rank,
-                    static_cast<int>(op), kNumReduceOps - 1));
-  if (op == ReduceOp::avg && !is_floating(dtype))
-    throw InvalidArgumentError(
-        fmt::format("rank {}: allreduce: avg needs a floating datatype, got {}; use sum and divide",
-                    c.rank, to_string(dtype)));
-  if (count > 0 && (send == nullptr || recv == nullptr))
-    throw InvalidArgumentError(
-        fmt::format("rank {}: allreduce: send or recv is null with count {}", c.rank, count));
+  c.check_op("allreduce", dtype, op);
+  c.check_buffer("allreduce", "send", send, count);
+  c.check_buffer("allreduce", "recv", recv, count);
   c.allreduce(send, recv, count, dtype, op);
 }
 

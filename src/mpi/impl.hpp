@@ -108,6 +108,28 @@ struct Communicator::Impl {
   void wait_node(shmring::Request& request, const char* stage);
   void check_usable(const char* what) const;
 
+  // communicator.cpp: the front. Every collective checks its arguments here
+  // before any stage, on every rank alike; a refusal goes through refuse().
+  [[noreturn]] void refuse(const char* what, const std::string& why);
+  void check_dtype(const char* what, DataType dtype);
+  void check_op(const char* what, DataType dtype, ReduceOp op);
+  void check_root(const char* what, int root);
+  /// `name` may be null only when it holds no element.
+  void check_buffer(const char* what, const char* name, const void* p, std::size_t count);
+  /// A node stage that is the whole call (one node): the node's own front
+  /// may refuse the arguments, which leaves the communicator usable, as
+  /// refuse() does; any other error goes to fail().
+  template <class F>
+  void node_call(const char* stage, F&& f) {
+    try {
+      f();
+    } catch (const InvalidArgumentError&) {
+      throw;  // told to the node's ranks by shmring's front (reject_call)
+    } catch (const Error& e) {
+      fail(stage, e.code(), std::string("[shmring, local ranks] ") + e.what());
+    }
+  }
+
   std::byte* scratch_bytes(std::vector<std::byte>& v, std::size_t bytes);
   /// Elements of `esize` bytes one blocking MPI call of a stage carries:
   /// call_bytes' worth (at least one), never more than kMaxMpiCount.

@@ -1,6 +1,6 @@
 // A job that loses a rank in the middle of allreduces, for run_fault.py:
 //
-//   mpi_fault_worker kill|stop|stop-throw|mismatch VICTIM
+//   mpi_fault_worker kill|stop|stop-throw|mismatch|refuse VICTIM
 //
 // Every rank prints its node's segment name, then runs 4 MiB allreduces in a
 // loop; 0.3 s in, rank VICTIM sends itself SIGKILL (it dies) or SIGSTOP (it
@@ -14,6 +14,10 @@
 // (MismatchError) while the ranks of the other node wait inside MPI for
 // that node's shards; the layer must abort the job (MPI_Abort) so that none
 // of them waits forever.
+// refuse: at round 20 the victim makes a call the layer refuses (avg on
+// int32), catches the InvalidArgumentError and goes on; its node's peers
+// must hear of that refusal (not take its next call for this one) and end
+// the job naming it.
 
 #include <fmt/format.h>
 #include <signal.h>
@@ -29,8 +33,10 @@
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const std::string mode = argc == 3 ? argv[1] : "";
-  if (mode != "kill" && mode != "stop" && mode != "stop-throw" && mode != "mismatch") {
-    fmt::print(stderr, "usage: mpi_fault_worker kill|stop|stop-throw|mismatch VICTIM_RANK\n");
+  if (mode != "kill" && mode != "stop" && mode != "stop-throw" && mode != "mismatch" &&
+      mode != "refuse") {
+    fmt::print(stderr,
+               "usage: mpi_fault_worker kill|stop|stop-throw|mismatch|refuse VICTIM_RANK\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const int sig = mode == "kill" ? SIGKILL : SIGSTOP;
@@ -41,7 +47,7 @@ int main(int argc, char** argv) {
              comm.node_communicator().config().segment_name);
   std::fflush(stdout);
   comm.barrier();
-  if (comm.rank() == victim && mode != "mismatch")
+  if (comm.rank() == victim && mode != "mismatch" && mode != "refuse")
     std::thread([sig] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       raise(sig);
@@ -51,6 +57,15 @@ int main(int argc, char** argv) {
   long rounds = 0;
   try {
     while (std::chrono::steady_clock::now() < end) {
+      if (mode == "refuse" && comm.rank() == victim && rounds == 20) {
+        try {
+          comm.allreduce(buf.data(), buf.data(), buf.size(), shmring::DataType::int32,
+                         shmring::ReduceOp::avg);
+        } catch (const shmring::InvalidArgumentError& e) {
+          fmt::print("rank {} refused its call: {}\n", comm.rank(), e.what());
+          std::fflush(stdout);
+        }
+      }
       const bool odd = mode == "mismatch" && comm.rank() == victim && rounds == 20;
       comm.allreduce(std::span<float>(buf).first(buf.size() - (odd ? 4 : 0)),
                      shmring::ReduceOp::max);

@@ -3,7 +3,7 @@
 mid-allreduce on one fake node must end the job on every node with an error,
 quickly, with nothing left in /dev/shm.
 
-    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw|mismatch NODES VICTIM
+    run_fault.py FAKE_NODES WORKER kill|stop|stop-throw|mismatch|refuse NODES VICTIM
 
 Exit 0: the job ended with a non-zero status within the bound, the output
 names the failure, and no segment of this job is left. 77: the rig cannot
@@ -99,6 +99,17 @@ def main():
                          r"mismatch.*aborting the MPI job", out):
             failures.append("no 'shmring-mpi: rank ... failed: ... mismatch ... aborting the MPI "
                             "job' line")
+    elif mode == "refuse":
+        # The victim refused a call and went on: its node's peers hear the
+        # refusal in that call (with the victim's reason) and end the job.
+        if not re.search(r"rank \d+ refused its call: rank \d+: allreduce: avg needs a floating "
+                         r"datatype, got int32", out):
+            failures.append("the victim's refusal did not say rank, call and reason")
+        if not re.search(r"shmring-mpi: rank \d+/\d+ .*failed:.*made an invalid call \(it refused "
+                         r"its arguments: .*avg needs a floating datatype.*aborting the MPI job",
+                         out):
+            failures.append("no 'shmring-mpi: ... failed: ... made an invalid call (it refused its "
+                            "arguments: ... avg ...) ... aborting the MPI job' line")
     elif mode == "stop":
         # The victim is alive but silent: its node's peers time out, and our
         # error policy must name it and abort the job.

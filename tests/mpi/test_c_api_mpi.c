@@ -67,6 +67,33 @@ int main(int argc, char** argv) {
         shmring_mpi_get_last_error(comm));
   rc = shmring_mpi_barrier(comm);
   CHECK(rc == SHMRING_SUCCESS, "barrier after an invalid call");
+  /* Enum values past the 8-bit enums are refused naming the value passed,
+     never wrapped (256 would run as float32, 257 as float64 over 16 bytes
+     of an 8-byte buffer); a null send buffer likewise. Alike on every rank,
+     the communicator stays usable. */
+  const int bad_values[] = {256, 257, -3};
+  char want[96];
+  for (int i = 0; i < 3; ++i) {
+    int x[2] = {1, 1};
+    rc = shmring_mpi_allreduce(x, x, 2, (shmring_datatype_t)bad_values[i], SHMRING_SUM, comm);
+    snprintf(want, sizeof want, "rank %d: allreduce: datatype %d is not a shmring_datatype_t", rank,
+             bad_values[i]);
+    CHECK(rc == SHMRING_ERR_INVALID_ARGUMENT && strstr(shmring_mpi_get_last_error(comm), want),
+          "datatype %d: returned %d: %s", bad_values[i], (int)rc, shmring_mpi_get_last_error(comm));
+    CHECK(x[0] == 1 && x[1] == 1, "datatype %d: the buffer changed", bad_values[i]);
+    rc = shmring_mpi_allreduce(x, x, 2, SHMRING_INT32, (shmring_reduce_op_t)bad_values[i], comm);
+    snprintf(want, sizeof want, "reduce op %d is not a shmring_reduce_op_t", bad_values[i]);
+    CHECK(rc == SHMRING_ERR_INVALID_ARGUMENT && strstr(shmring_mpi_get_last_error(comm), want),
+          "reduce op %d: returned %d: %s", bad_values[i], (int)rc,
+          shmring_mpi_get_last_error(comm));
+  }
+  rc = shmring_mpi_reduce(NULL, mine, 1, SHMRING_INT32, SHMRING_SUM, 0, comm);
+  CHECK(rc == SHMRING_ERR_INVALID_ARGUMENT &&
+            strstr(shmring_mpi_get_last_error(comm), "reduce: send is null with count 1"),
+        "reduce from NULL returned %d: %s", (int)rc, shmring_mpi_get_last_error(comm));
+  rc = shmring_mpi_barrier(comm);
+  CHECK(rc == SHMRING_SUCCESS, "barrier after the refused calls: %s",
+        shmring_mpi_get_last_error(comm));
   CHECK(shmring_mpi_allreduce(NULL, NULL, 1, SHMRING_INT32, SHMRING_SUM, NULL) ==
             SHMRING_ERR_INVALID_ARGUMENT,
         "NULL comm");
