@@ -4,6 +4,10 @@
 #   cmake       find_package(shmring) against a DESTDIR install of this build
 #   pkgconfig   g++ $(pkg-config --cflags --libs shmring) against the same
 #   subproject  meson, with subprojects/shmring -> this source tree
+#   buildtree   g++ $(pkg-config --cflags --libs shmring-uninstalled) against
+#               this build, as docs/getting-started/cpp.md says; where the
+#               MPI layer was built, also a program of it linked through
+#               shmring-mpi-uninstalled (docs/guide/multi-node.md)
 # The installed shmrun launches the ranks (the source tree's for subproject).
 # The install must also hold `man shmrun` (when help2man built it).
 # Usage: run_consumer.sh MODE SRCDIR BUILDDIR PREFIX BINDIR LIBDIR MANDIR
@@ -74,6 +78,30 @@ case $mode in
     exe="$tmp/consumer"
     lib_path=$root_libdir
     want="$tmp/root"
+    ;;
+  buildtree)
+    need pkg-config
+    export PKG_CONFIG_PATH="$build/meson-uninstalled"
+    flags=$(pkg-config --cflags --libs shmring-uninstalled)
+    # shellcheck disable=SC2086
+    ${CXX:-c++} -std=c++20 -o "$tmp/consumer" "$tmp/consumer.cpp" $flags \
+      -Wl,-rpath,"$build/src"
+    if [ -f "$build/meson-uninstalled/shmring-mpi-uninstalled.pc" ]; then
+      printf '%s\n' '#include <shmring/mpi.hpp>' \
+        'int main(int argc, char** argv) { MPI_Init(&argc, &argv);' \
+        '  { shmring::mpi::Communicator c(MPI_COMM_WORLD); } MPI_Finalize(); }' >"$tmp/hier.cpp"
+      mpi_flags=$(pkg-config --cflags --libs shmring-mpi-uninstalled)
+      # shellcheck disable=SC2086
+      ${CXX:-c++} -std=c++20 -o "$tmp/hier" "$tmp/hier.cpp" $mpi_flags \
+        -Wl,-rpath,"$build/src/mpi" -Wl,-rpath,"$build/src" ||
+        { echo "the MPI layer does not link from the build tree: $mpi_flags"; exit 1; }
+      LD_TRACE_LOADED_OBJECTS=1 "$tmp/hier" | grep -q "$build/src/mpi/libshmring_mpi" ||
+        { echo "the MPI program does not load libshmring_mpi from $build/src/mpi"; exit 1; }
+    fi
+    exe="$tmp/consumer"
+    lib_path=""
+    want="$build/src"
+    shmrun="$build/tools/shmrun"
     ;;
   subproject)
     need meson
