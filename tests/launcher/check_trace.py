@@ -89,6 +89,23 @@ with tempfile.TemporaryDirectory() as d:
         check(p.returncode == 0, "shmring-trace --png failed", p.stderr)
         with open(png, "rb") as f:
             check(f.read(8) == b"\x89PNG\r\n\x1a\n", "the timeline is not a PNG")
+    # An eager gather's non-root returns before the root arrives: its wait
+    # is its whole span, never more (a call's parts add up to its time).
+    eager = {"traceEvents": [
+        {"ph": "X", "cat": "collective", "name": "gather", "pid": r, "tid": 0, "ts": ts,
+         "dur": dur, "args": {"job": "j", "seq": 0, "size": 2, "rank": r, "bytes": 8,
+                              "state": "completed"}}
+        for r, ts, dur in ((0, 10.0, 4.0), (1, 0.0, 1.0))]}
+    eager_path = os.path.join(d, "eager.json")
+    with open(eager_path, "w") as f:
+        json.dump(eager, f)
+    p = subprocess.run([sys.executable, TOOL, eager_path, "--json"], capture_output=True,
+                       text=True)
+    check(p.returncode == 0, "shmring-trace --json failed on the eager gather", p.stderr)
+    row = json.loads(p.stdout)["collectives"][0]
+    # Rank 0: no wait, 4 us moving; rank 1: 1 us waiting (all of its span).
+    check(abs(row["time_us"] - 2.5) < 1e-9 and abs(row["wait_for_last_us"] - 0.5) < 1e-9 and
+          abs(row["moving_us"] - 2.0) < 1e-9, "the eager gather's wait and moving time", p.stdout)
     # An unreadable trace says so.
     p = subprocess.run([sys.executable, TOOL, os.path.join(d, "missing.json")],
                        capture_output=True, text=True)
