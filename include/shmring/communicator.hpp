@@ -258,7 +258,10 @@ class SHMRING_API Communicator {
   /// MPI_Comm_split: a new communicator of the ranks that pass the same
   /// `color` (>= 0), ranked by (key, rank in this communicator), with its
   /// own segment. Collective over this communicator; blocks until the new
-  /// group has attached.
+  /// group has attached. It runs one allgather of every rank's (color, key)
+  /// here: that takes a place in this communicator's collective order
+  /// (collective_count()) and counts in stats() as an allgather of two
+  /// int64 per rank (a trace names it split).
   Communicator split(int color, int key = 0);
 
   // ---- The rest of the collective set. Same collective-call

@@ -121,7 +121,13 @@ json events_of(const std::vector<Comm>& comms, const std::string& host) {
                       {"dur", us(s.start_ns - s.queued_ns)},
                       {"args", {{"job", c.job}, {"seq", s.seq}}}});
       }
-      ev.push_back({{"name", to_string(kind)},
+      // The core's own calls by what the user called: split()'s allgather
+      // of (color, key), finalize()'s barrier. stats() counts them as their
+      // kind (communicator.hpp).
+      const char* name = s.desc.purpose == CallPurpose::split      ? "split"
+                         : s.desc.purpose == CallPurpose::finalize ? "finalize"
+                                                                   : to_string(kind);
+      ev.push_back({{"name", name},
                     {"cat", "collective"},
                     {"ph", "X"},
                     {"pid", pid},

@@ -56,6 +56,10 @@ with tempfile.TemporaryDirectory() as d:
                    a["state"]) == (1000, "float32", "sum", 4000, N, r, "completed"),
                   f"rank {r}: allreduce arguments", str(a))
         check(sum(e["name"] == "barrier" for e in world) >= 2, f"rank {r}: barriers missing")
+        # split()'s own allgather shows as split, not as an allgather the
+        # program never made.
+        check([e["name"] for e in world if e["name"] in ("split", "allgather")] == ["split"],
+              f"rank {r}: the split's span", json.dumps([e["name"] for e in world]))
         seqs = [e["args"]["seq"] for e in sorted(world, key=lambda e: e["ts"])]
         check(seqs == sorted(seqs) and len(set(seqs)) == len(seqs),
               f"rank {r}: world calls out of order", str(seqs))
