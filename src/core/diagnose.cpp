@@ -102,6 +102,14 @@ std::string CommState::dump_recorders(const std::string& reason) {
   const std::optional<std::string> dir_setting = detail::settings::text("SHMRING_DUMP_DIR");
   if (!dir_setting || dir_setting->empty()) return "";
   const char* dir = dir_setting->c_str();
+  std::string base = seg->name();
+  for (char& ch : base)
+    if (ch == '/') ch = '_';
+  while (!base.empty() && base.front() == '_') base.erase(0, 1);
+  // One file per segment: ranks that time out in the same instant all name
+  // it, the first of them writes it (the file says which: "reporter").
+  const std::string path = fmt::format("{}/{}.json", dir, base);
+  if (seg->header().dump_claimed.exchange(1, std::memory_order_acq_rel) != 0) return path;
   const std::uint64_t now = detail::mono_ns();
   nlohmann::json j;
   j["segment"] = seg->name();
@@ -157,12 +165,7 @@ std::string CommState::dump_recorders(const std::string& reason) {
     }
     j["ranks"].push_back(std::move(jr));
   }
-  std::string base = seg->name();
-  for (char& ch : base)
-    if (ch == '/') ch = '_';
-  while (!base.empty() && base.front() == '_') base.erase(0, 1);
-  const std::string path = fmt::format("{}/{}-rank{}-{}.json", dir, base, rank, getpid());
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = fmt::format("{}.{}.tmp", path, getpid());
   {
     std::ofstream f(tmp);
     f << j.dump(1) << '\n';

@@ -32,7 +32,7 @@ inline constexpr std::size_t kLine = 128;
 inline constexpr std::size_t kPage = 4096;
 inline constexpr std::uint64_t kMagic = 0x31474e49524d4853ull;  // "SHMRING1"
 inline constexpr std::uint32_t kLayoutVersion =
-    19;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
+    20;  // 4: low-latency lines; 5: point-to-point region; 6: p2p outboxes;
          // 7: eager rings, 128 descriptors; 8: eager blocks of 4 lines;
          // 9: single-copy words (Descriptor::cma, RankInfo::probe_addr),
          // p2p bad-buffer verdicts; 10: kCmaLarge,
@@ -43,7 +43,8 @@ inline constexpr std::uint32_t kLayoutVersion =
          // 15: flight recorders (Header::recorder_entries);
          // 16: p2p released word; 17: RankArea::refusal, RecorderHead's p2p call;
          // 18: the call's purpose in Descriptor::kind's bits 16 and up;
-         // 19: and in LowLatencyLine::kind_dtype_op_algorithm's top bits
+         // 19: and in LowLatencyLine::kind_dtype_op_algorithm's top bits;
+         // 20: Header::dump_claimed
 inline constexpr std::size_t kReasonBytes = 1024;
 /// Descriptors of the last kDescRing collectives, per rank. A peer can run
 /// at most K slots (K <= kMaxSlots), 2 direct buffers or kEagerEntries eager
@@ -264,6 +265,9 @@ struct alignas(kLine) Header {
   // (one mover at a time, so two stacked ranks never both move to the same
   // free CPU); 0 otherwise.
   std::atomic<std::uint32_t> mover;
+  // 1 once a rank writes the SHMRING_DUMP_DIR file (CommState::dump_recorders):
+  // one file per segment, however many ranks time out at once.
+  std::atomic<std::uint32_t> dump_claimed;
   alignas(kLine) std::atomic<std::uint32_t> abort_code;
   std::atomic<std::int32_t> abort_rank;
   char abort_reason[kReasonBytes];

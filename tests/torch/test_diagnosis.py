@@ -66,7 +66,9 @@ def test_torchrun_rank_2_stalls_before_its_1001st_all_reduce(tmp):
             if r == 2:
                 assert (last["seq"], last["state"]) == (999, "completed"), jr["calls"][-2:]
             else:
-                assert (last["seq"], last["state"]) == (1000, "started"), jr["calls"][-2:]
+                # In #1000 when the dump was written (failed: it timed out too).
+                assert last["seq"] == 1000 and last["state"] in ("started", "failed"), \
+                    jr["calls"][-2:]
     assert shm_entries([job]) == []
 
 
