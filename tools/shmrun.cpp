@@ -269,13 +269,14 @@ int main(int argc, char** argv) {
   app.prefix_command();
   app.footer(
       "Environment of each worker: SHMRING_RANK, SHMRING_WORLD_SIZE, SHMRING_LOCAL_RANK,\n"
-      "SHMRING_LOCAL_WORLD_SIZE, SHMRING_JOB_ID; RANK, WORLD_SIZE, LOCAL_RANK,\n"
-      "LOCAL_WORLD_SIZE (torchrun); MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set;\n"
+      "SHMRING_LOCAL_WORLD_SIZE, SHMRING_JOB_ID, SHMRING_JOB_NONCE; torchrun's RANK,\n"
+      "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,\n"
+      "ROLE_WORLD_SIZE; MASTER_ADDR=127.0.0.1 and a free MASTER_PORT unless set;\n"
       "OMP_NUM_THREADS and MKL_NUM_THREADS = CPUs / ranks unless set. -x SHMRING_JOB_ID=ID\n"
       "is the same as --job-id ID.\n"
       "Exit status: 0, or the first failed rank's (128+signal), 124 on --timeout, 1 if a\n"
       "rank exited 0 without attaching while the others waited for it, 127 if the program\n"
-      "cannot be run.");
+      "cannot be run, 2 for a usage error.");
 
   // Usage errors look like the launcher's other errors: "shmrun: ...".
   app.failure_message([](const CLI::App*, const CLI::Error& e) {

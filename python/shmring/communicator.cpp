@@ -335,8 +335,11 @@ until the timeout; refused alike on every rank, the communicator stays usable.
            py::arg("slot_bytes") = py::none(), py::arg("threads") = py::none(),
            py::arg("timeout") = py::none(), py::arg("world_size") = py::none(),
            py::arg("local_world_size") = py::none())
-      .def_property_readonly("rank", [](PyCommunicator& c) { return c.get().rank(); })
-      .def_property_readonly("size", [](PyCommunicator& c) { return c.get().size(); })
+      .def_property_readonly(
+          "rank", [](PyCommunicator& c) { return c.get().rank(); },
+          "This process's rank, 0..size-1.")
+      .def_property_readonly(
+          "size", [](PyCommunicator& c) { return c.get().size(); }, "Number of ranks.")
       .def(
           "stats",
           [](PyCommunicator& c) {
@@ -359,8 +362,12 @@ until the timeout; refused alike on every rank, the communicator stays usable.
       .def_property_readonly(
           "local_world_size", [](PyCommunicator& c) { return c.get().local_size(); },
           "Ranks of this job on this host (the same as local_size).")
-      .def_property_readonly("local_rank", [](PyCommunicator& c) { return c.get().local_rank(); })
-      .def_property_readonly("local_size", [](PyCommunicator& c) { return c.get().local_size(); })
+      .def_property_readonly(
+          "local_rank", [](PyCommunicator& c) { return c.get().local_rank(); },
+          "This process's rank among the job's ranks on this host.")
+      .def_property_readonly(
+          "local_size", [](PyCommunicator& c) { return c.get().local_size(); },
+          "Ranks of this job on this host.")
       .def_property_readonly(
           "config", [](PyCommunicator& c) { return config_dict(c.get().config()); },
           "Settings in force (explicit, environment, defaults) as a dict.")
