@@ -176,6 +176,15 @@ void BufferView::acquire_buffer(py::handle obj, const char* what, bool writable)
 }
 
 void BufferView::acquire_dlpack(py::handle obj, const char* what) {
+  // A torch negative view (torch._neg_view, the real part of a conjugate's
+  // negation) stores -x with a bit that says so; DLPack cannot carry the
+  // bit, and torch 1.13 exports such a tensor anyway: its stored values
+  // would be reduced (wrong for max and min, and for the caller's reading).
+  if (py::hasattr(obj, "is_neg") && obj.attr("is_neg")().cast<bool>())
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} is a negative view (its is_neg() is True), whose stored "
+                    "values are the negation of what it shows; pass t.resolve_neg()",
+                    what, type_name(obj)));
   py::object capsule;
   try {
     capsule = obj.attr("__dlpack__")();

@@ -149,6 +149,13 @@ def test_unsupported_objects(comm):
     # The tensor's own dtype name, not only DLPack's code.
     with pytest.raises(ValueError, match=r"has dtype torch\.int16 \(DLPack code 0, bits 16"):
         comm.allreduce(torch.zeros(3, dtype=torch.int16))
+    # A negative view stores -x: reducing its memory would give max(-x).
+    neg = torch._neg_view(torch.arange(4.0))
+    with pytest.raises(ValueError, match=r"negative view .*resolve_neg\(\)"):
+        comm.allreduce(neg, shmring.ReduceOp.MAX)
+    fixed = neg.resolve_neg()
+    comm.allreduce(fixed, shmring.ReduceOp.MAX)
+    assert fixed.tolist() == [-0.0, -1.0, -2.0, -3.0]
 
 
 def test_out_must_match(comm):
