@@ -52,6 +52,8 @@ shmring_result_t invalid(shmring_mpi_comm_t c, const char* fn, const char* what)
 #define SHMRING_MPI_REQUIRE_COMM(c) \
   if ((c) == nullptr) return invalid(nullptr, __func__, "comm is NULL")
 
+// The int a C caller passed, whatever the enum's range (the core's C API
+// has its own copy: this layer sees only the core's public headers).
 template <class E>
 int raw_enum(const E& e) {
   static_assert(sizeof(E) == sizeof(int), "the C enums are passed as int");
