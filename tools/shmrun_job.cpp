@@ -173,6 +173,8 @@ class Job {
   bool spawn();
   void supervise();
   void reap();
+  // Of the ranks one reap() found failed, the one to name as the job's cause.
+  int cause_of(const std::vector<int>& failed) const;
   void on_signal(int sig);
   void on_failure(int rank);
   void signal_workers(int sig);
@@ -460,29 +462,34 @@ void Job::start_teardown(int sig) {
 }
 
 void Job::on_failure(int rank) {
-  // A rank that crashed is the cause, not its peers that exited with an
-  // error on seeing it die, or aborted on that error left uncaught (SIGABRT):
-  // they can be reaped first, in the same batch of SIGCHLDs. So until the
-  // launcher sends a signal of its own (term_at_), a crash outranks an abort,
-  // and either outranks an exit status.
-  const auto severity = [this](int r) {
-    const int st = workers_[r].status;
-    return !WIFSIGNALED(st) ? 0 : WTERMSIG(st) == SIGABRT ? 1 : 2;
-  };
-  if (end_ == End::failure && term_at_ != kNever && severity(rank) > severity(first_rank_)) {
-    first_rank_ = rank;
-    return;
-  }
   if (end_ != End::none) return;
   end_ = End::failure;
   first_rank_ = rank;
   term_at_ = Clock::now() + kFailureLinger;
 }
 
+int Job::cause_of(const std::vector<int>& failed) const {
+  // Ranks found exited by one pass of waitpid come in the order they were
+  // started, not the order they exited: a rank that crashed and the peers
+  // that exited on seeing it die (or aborted, leaving that error uncaught:
+  // SIGABRT) may all be zombies by the time the launcher looks. Among those,
+  // a crash (any signal but SIGABRT) is the likeliest cause, then an exit
+  // status (a rank that failed by itself), then an abort.
+  const auto rank_of = [this](int r) {
+    const int st = workers_[r].status;
+    return !WIFSIGNALED(st) ? 1 : WTERMSIG(st) == SIGABRT ? 0 : 2;
+  };
+  int best = failed.front();
+  for (int r : failed)
+    if (rank_of(r) > rank_of(best)) best = r;
+  return best;
+}
+
 void Job::check_left_before_attaching(Clock::time_point now) {
   left_check_at_ = kNever;
   if (end_ != End::none || running() == 0) return;
-  const std::vector<int> absent = shmring::tools::ranks_not_attached(spec_.job_id);
+  const std::vector<int> absent = shmring::tools::ranks_not_attached(
+      spec_.job_id, std::stoull(spec_.job_nonce.empty() ? "0" : spec_.job_nonce, nullptr, 16));
   for (int r : left_early_) {
     if (std::find(absent.begin(), absent.end(), r) == absent.end()) continue;
     // mpirun ends a job whose rank exits without MPI_Init while others are
@@ -525,17 +532,18 @@ void Job::on_signal(int sig) {
 }
 
 void Job::reap() {
+  std::vector<int> failed;  // in this pass
   for (;;) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) return;
+    if (pid <= 0) break;
     for (int r = 0; r < spec_.np; ++r) {
       Worker& w = workers_[r];
       if (w.pid != pid) continue;
       w.running = false;
       w.status = status;
       if (status_code(status) != 0) {
-        on_failure(r);
+        failed.push_back(r);
       } else if (running() > 0) {
         left_early_.push_back(r);
         left_check_at_ = Clock::now();
@@ -543,6 +551,7 @@ void Job::reap() {
     }
     // Any other pid is an orphaned descendant reparented to us: just reaped.
   }
+  if (!failed.empty()) on_failure(cause_of(failed));
 }
 
 void Job::supervise() {

@@ -6,10 +6,10 @@
 //                                                 joins the communicator); the
 //                                                 others allreduce until they fail
 //   launcher_worker segv RANK                     rank RANK dies of SIGSEGV
-//   launcher_worker exit_then_crash               after one allreduce, rank 0
-//                                                 exits 1, rank 2 aborts 30 ms
-//                                                 later and rank 1 dies of
-//                                                 SIGSEGV 60 ms later
+//   launcher_worker end_at FILE HOW...            after one allreduce, says
+//                                                 "ready", waits for FILE to
+//                                                 exist, then ends as HOW[rank]
+//                                                 says: exit1, segv or abort
 //   launcher_worker loop [ignore-int|ignore-all]  allreduce forever; rank 0 says
 //                                                 "looping" once all are in;
 //                                                 ignoring SIGINT (and SIGTERM)
@@ -103,19 +103,21 @@ int run(int argc, char** argv) {
     }
     allreduce_forever(comm, false);
   }
-  if (mode == "exit_then_crash") {
+  if (mode == "end_at" && argc >= 4 + rank) {
     shmring::Communicator comm;
     std::vector<float> buf(16, 1.0f);
     comm.allreduce(std::span<float>(buf), shmring::ReduceOp::sum);
+    std::printf("ready %d\n", rank);
+    std::fflush(stdout);
+    while (access(argv[2], F_OK) != 0) usleep(1000);
     no_core_dump();
-    if (rank == 0) return 1;
-    usleep(rank == 2 ? 30'000 : 60'000);
-    if (rank == 2) std::abort();
-    if (rank == 1) {
+    const std::string how = argv[3 + rank];
+    if (how == "abort") std::abort();
+    if (how == "segv") {
       volatile int* volatile p = nullptr;
       *p = 1;
     }
-    pause();
+    return 1;
   }
   if (mode == "loop") {
     const std::string how = argc > 2 ? argv[2] : "";
