@@ -220,7 +220,7 @@ bool print_job(const Found& f, FILE* out) {
 
 }  // namespace
 
-std::vector<int> ranks_not_attached(const std::string& job_id) {
+std::vector<int> ranks_not_attached(const std::string& job_id, std::uint64_t job_nonce) {
   std::vector<int> absent;
   const std::string prefix = fmt::format("shmring-{}-{}-", getuid(), job_id);
   std::string path;
@@ -246,7 +246,8 @@ std::vector<int> ranks_not_attached(const std::string& job_id) {
   const auto* h = reinterpret_cast<const d::Header*>(base);
   const int n = static_cast<int>(h->world_size);
   const d::HeaderCheck check = d::validate_header(base, d::kHeaderBytes, size, n, h->host_hash);
-  if (check)
+  // Another job given the same id (its own nonce) says nothing of ours.
+  if (check && h->job_nonce == job_nonce)
     for (int r = 0; r < n; ++r)
       if (d::read_rank_record(base, check.layout, r).rank_state == d::kRankAbsent)
         absent.push_back(r);
