@@ -1,5 +1,7 @@
 #include "convert.hpp"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <c10/util/Exception.h>
 
 namespace shmring::torch_backend {
@@ -117,6 +119,13 @@ void check_tensor(const at::Tensor& tensor, const char* op, const char* what) {
               "; shmring moves CPU tensors only (use the nccl backend for GPU tensors)");
   TORCH_CHECK(tensor.layout() == at::kStrided, "shmring backend: ", op, ": ", what, " has layout ",
               tensor.layout(), "; only dense (strided) tensors are supported");
+}
+
+void check_written(const at::Tensor& tensor, const char* op, const char* what) {
+  TORCH_CHECK(at::has_internal_overlap(tensor) != at::MemOverlap::Yes, "shmring backend: ", op,
+              ": ", what,
+              " has elements that share memory (an expanded tensor?), so the result "
+              "cannot be written into it; pass a tensor whose elements are its own (t.clone())");
 }
 
 const at::Tensor& single_tensor(const std::vector<at::Tensor>& tensors, const char* op,

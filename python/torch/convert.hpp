@@ -32,6 +32,11 @@ std::string reduce_op_name(::c10d::ReduceOp::RedOpType kind);
 /// strided (dense). Contiguity is not required (callers stage).
 void check_tensor(const at::Tensor& tensor, const char* op, const char* what);
 
+/// Checks a tensor the call writes its result into: no two of its elements
+/// share memory (an expand()ed tensor's do), which torch's copy into it
+/// would refuse only after the data moved.
+void check_written(const at::Tensor& tensor, const char* op, const char* what);
+
 /// The single tensor of a per-process list: shmring runs one process per
 /// rank and no multi-device lists. Throws when the list has not exactly one.
 const at::Tensor& single_tensor(const std::vector<at::Tensor>& tensors, const char* op,

@@ -94,6 +94,7 @@ c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor
               " takes one output list per process, got ", output_tensors.size());
   std::vector<at::Tensor> outputs = output_tensors[0];
   check_list(outputs, size_, input, kOp, "output");
+  for (const auto& o : outputs) check_written(o, kOp, "an output");
   TORCH_CHECK(outputs[static_cast<std::size_t>(rank_)].numel() == input.numel(),
               "shmring backend: ", kOp, ": output tensor ", rank_, " (this rank's) has ",
               outputs[static_cast<std::size_t>(rank_)].numel(), " elements, but the input has ",
@@ -123,6 +124,7 @@ c10::intrusive_ptr<Work> CrossNode::allgather_base(at::Tensor& output, at::Tenso
   static constexpr const char* kOp = "_allgather_base";
   check_tensor(input, kOp, "input");
   check_tensor(output, kOp, "output");
+  check_written(output, kOp, "output");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "shmring backend: ", kOp,
               ": the output has dtype ", dtype_name(output.scalar_type()), ", expected ",
               dtype_name(input.scalar_type()));
@@ -161,6 +163,8 @@ c10::intrusive_ptr<Work> CrossNode::gather(std::vector<std::vector<at::Tensor>>&
                 " takes one output list at the root, got ", output_tensors.size());
     outputs = output_tensors[0];
     check_list(outputs, size_, input, kOp, "output");
+    for (const auto& o : outputs) check_written(o, kOp, "an output");
+    for (const auto& o : outputs) check_written(o, kOp, "an output");
     for (const auto& o : outputs)
       TORCH_CHECK(o.numel() == input.numel(), "shmring backend: ", kOp, ": an output tensor has ",
                   o.numel(), " elements, expected the input's ", input.numel());
@@ -191,6 +195,7 @@ c10::intrusive_ptr<Work> CrossNode::scatter(std::vector<at::Tensor>& output_tens
                                             const ::c10d::ScatterOptions& opts) {
   static constexpr const char* kOp = "scatter";
   const at::Tensor output = single_tensor(output_tensors, kOp, "output");
+  check_written(output, kOp, "output");
   const int root = static_cast<int>(opts.rootRank);
   check_root(root, size_, kOp);
   std::vector<at::Tensor> inputs;
@@ -228,6 +233,7 @@ c10::intrusive_ptr<Work> CrossNode::alltoall_base(at::Tensor& output, at::Tensor
   static constexpr const char* kOp = "all_to_all_single";
   check_tensor(input, kOp, "input");
   check_tensor(output, kOp, "output");
+  check_written(output, kOp, "output");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "shmring backend: ", kOp,
               ": the output has dtype ", dtype_name(output.scalar_type()), ", expected ",
               dtype_name(input.scalar_type()));
@@ -257,6 +263,7 @@ c10::intrusive_ptr<Work> CrossNode::alltoall(std::vector<at::Tensor>& output_ten
   const at::Tensor like = input_tensors[0];
   check_list(input_tensors, size_, like, kOp, "input");
   check_list(output_tensors, size_, like, kOp, "output");
+  for (const auto& o : output_tensors) check_written(o, kOp, "an output");
   const std::vector<at::Tensor> ins = input_tensors, outs = output_tensors;
   return submit(::c10d::OpType::ALLTOALL, "shmring:all_to_all", output_tensors, [=, this] {
     std::vector<int64_t> send, recv;

@@ -175,6 +175,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce(std::vector<at::Tensor>& tensors,
                                               const ::c10d::AllreduceOptions& opts) {
   static constexpr const char* kOp = "allreduce";
   const at::Tensor tensor = single_tensor(tensors, kOp, "input");
+  check_written(tensor, kOp, "input");
   const ::c10d::ReduceOp op = stage_op(tensor, opts.reduceOp, kOp);
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
@@ -193,6 +194,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce_coalesced(
   TORCH_CHECK(!tensors.empty(), "shmring backend: ", kOp, " got an empty tensor list");
   for (const auto& t : tensors) {
     check_tensor(t, kOp, "input");
+    check_written(t, kOp, "input");
     TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "shmring backend: ", kOp,
                 ": tensors must share one dtype, got ", dtype_name(tensors[0].scalar_type()),
                 " and ", dtype_name(t.scalar_type()));
@@ -222,6 +224,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce(std::vector<at::Tensor>& tensors,
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
   const bool mine = root == rank_;
+  if (mine) check_written(tensor, kOp, "input");
   // An allreduce of which only the root keeps the result.
   return submit(::c10d::OpType::REDUCE, "shmring:reduce", tensors, [=, this] {
     at::Tensor buf = is_16bit(tensor.scalar_type()) ? widened(tensor) : tensor.contiguous().clone();
@@ -237,13 +240,14 @@ c10::intrusive_ptr<Work> CrossNode::broadcast(std::vector<at::Tensor>& tensors,
   const at::Tensor tensor = single_tensor(tensors, kOp, "input");
   const int root = static_cast<int>(opts.rootRank);
   check_root(root, size_, kOp);
+  if (root != rank_) check_written(tensor, kOp, "input");
   TORCH_CHECK(opts.rootTensor == 0, "shmring backend: ", kOp, ": root tensor index ",
               opts.rootTensor, " given, but there is one tensor per process (index 0)");
   return submit(::c10d::OpType::BROADCAST, "shmring:broadcast", tensors, [=, this] {
     at::Tensor buf = tensor.contiguous();
     broadcast_bytes(buf.data_ptr(), static_cast<std::size_t>(buf.numel() * buf.element_size()),
                     root);
-    if (!buf.is_same(tensor)) tensor.copy_(buf);
+    if (root != rank_ && !buf.is_same(tensor)) tensor.copy_(buf);  // the root's is unchanged
   });
 }
 
@@ -252,6 +256,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
     const ::c10d::ReduceScatterOptions& opts) {
   static constexpr const char* kOp = "reduce_scatter";
   const at::Tensor output = single_tensor(output_tensors, kOp, "output");
+  check_written(output, kOp, "output");
   TORCH_CHECK(input_tensors.size() == 1, "shmring backend: ", kOp,
               " takes one input list per process, got ", input_tensors.size());
   const std::vector<at::Tensor> inputs = input_tensors[0];
@@ -280,6 +285,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter_base(at::Tensor& output, at::
   static constexpr const char* kOp = "_reduce_scatter_base";
   check_tensor(input, kOp, "input");
   check_tensor(output, kOp, "output");
+  check_written(output, kOp, "output");
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "shmring backend: ", kOp,
               ": the input has dtype ", dtype_name(input.scalar_type()), ", expected ",
               dtype_name(output.scalar_type()));

@@ -158,6 +158,10 @@ def scenario_one_rank_hosts(rank, size):
     report_job(g)
     bad, _, words = cases(rank, size)["band"]
     timed(lambda: bad(g), *words)
+    # A result tensor whose elements share memory (expand()): refused before
+    # anything moves, not when the result is copied into it.
+    timed(lambda: dist.all_reduce(torch.tensor([float(rank)]).expand(5), group=g),
+          "has elements that share memory")
     t = values(rank, 10, "SUM", torch.float32)
     dist.all_reduce(t, group=g)
     check(torch.equal(t, sum(values(r, 10, "SUM", torch.float32) for r in range(size))),
