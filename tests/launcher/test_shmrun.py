@@ -142,6 +142,15 @@ def test_segv():
     assert_clean(jid, p.stderr, 4)
 
 
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True  # already reaped
+    return stat[stat.rfind(")") + 2] == "Z"
+
+
 def test_crash_named_first():
     """Ranks that end together are found by one pass of the launcher's
     waitpid, in the order they were started: the summary names the likeliest
@@ -164,11 +173,22 @@ def test_crash_named_first():
                     if line == "":
                         check(False, f"{how}: the ranks did not all start", p.stderr.read())
                     ready += line.startswith("ready ")
+                head = ""
+                while len(worker_pids(head)) < 3:
+                    line = p.stderr.readline()
+                    if line == "":
+                        check(False, f"{how}: no bindings report", head)
+                    head += line
                 os.kill(p.pid, signal.SIGSTOP)
                 open(flag, "w").close()
-                time.sleep(0.5)  # every rank ends while shmrun is stopped
+                # Every rank ends (a zombie: shmrun, stopped, cannot reap it).
+                deadline = time.monotonic() + 20
+                while not all(zombie(pid) for pid in worker_pids(head).values()):
+                    check(time.monotonic() < deadline, f"{how}: the ranks did not end", head)
+                    time.sleep(0.01)
                 os.kill(p.pid, signal.SIGCONT)
                 _, err = p.communicate(timeout=30)
+                err = head + err
             finally:
                 if p.poll() is None:
                     os.kill(p.pid, signal.SIGCONT)
