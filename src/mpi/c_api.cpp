@@ -67,19 +67,22 @@ int raw_enum(const E& e) {
 // Values outside 0..255 are refused here, naming the value passed, through
 // reject_call (the node's other ranks are told, as of any refused call);
 // the front refuses 8..255 itself.
-shmring::DataType dt(shmring_mpi_comm_t c, const char* collective, shmring_datatype_t d) {
-  const int v = raw_enum(d);
+template <class To, class From>
+To checked_enum(shmring_mpi_comm_t c, const char* collective, From value, const char* what,
+                const char* c_type, int last) {
+  const int v = raw_enum(value);
   if (v < 0 || v > 255)
-    c->comm.reject_call(collective, fmt::format("datatype {} is not a shmring_datatype_t (0..{})",
-                                                v, static_cast<int>(SHMRING_INT64)));
-  return static_cast<shmring::DataType>(v);
+    c->comm.reject_call(collective,
+                        fmt::format("{} {} is not a {} (0..{})", what, v, c_type, last));
+  return static_cast<To>(v);
+}
+shmring::DataType dt(shmring_mpi_comm_t c, const char* collective, shmring_datatype_t d) {
+  return checked_enum<shmring::DataType>(c, collective, d, "datatype", "shmring_datatype_t",
+                                         static_cast<int>(SHMRING_INT64));
 }
 shmring::ReduceOp rop(shmring_mpi_comm_t c, const char* collective, shmring_reduce_op_t o) {
-  const int v = raw_enum(o);
-  if (v < 0 || v > 255)
-    c->comm.reject_call(collective, fmt::format("reduce op {} is not a shmring_reduce_op_t (0..{})",
-                                                v, static_cast<int>(SHMRING_AVG)));
-  return static_cast<shmring::ReduceOp>(v);
+  return checked_enum<shmring::ReduceOp>(c, collective, o, "reduce op", "shmring_reduce_op_t",
+                                         static_cast<int>(SHMRING_AVG));
 }
 
 }  // namespace
