@@ -8,9 +8,10 @@
 // array: 4 KiB (L1), 256 KiB (L2), 64 MiB (DRAM). GB/s counts the bytes a
 // call moves: two inputs read and one output written. Both versions must
 // give identical bits; a difference is reported and fails the run.
-// Then two tables of the library's own kernels: its 16-bit steps (portable
-// loops beside the vector table this CPU runs), and four inputs at equal
-// bytes, float32's pairwise passes beside the 16-bit one-pass kernels.
+// Then three tables of the library's own kernels: its 16-bit steps (portable
+// loops beside the vector table this CPU runs), four inputs at equal
+// bytes, float32's pairwise passes beside the 16-bit one-pass kernels, and
+// the few elements of a low-latency call, in ns per call.
 //
 //   build/bench/kernel_bench [seconds-per-cell]
 
@@ -306,6 +307,60 @@ void wide_table(double seconds) {
   }
 }
 
+// The reductions of a low-latency call (algorithms/low_latency.cpp: at most
+// 104 bytes a rank, so 26 float32 or 52 16-bit elements), in ns per call
+// on one core: float32's reduce_short beside the 16-bit steps of the
+// portable loops and of the table this CPU runs, two inputs (N=2) and four
+// (N=4). Counts below a vector's lanes are all tail.
+void short_table(double seconds) {
+  const shmring::detail::WideKernels& portable = shmring::detail::wide_kernels_portable();
+  const shmring::detail::WideKernels* best = &best_wide_kernels();
+  fmt::print("\n# low-latency reductions: ns per call, one core ({} lanes of {})\n", best->lanes,
+             best->isa);
+  fmt::print("{:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "elements", "f32 2",
+             "bf16 2 p", "bf16 2 v", "f16 2 p", "f16 2 v", "bf16 4 v", "f16 4 v");
+  alignas(64) std::uint16_t h[4][64];
+  alignas(64) std::uint16_t out16[64];
+  alignas(64) float f[2][64], out32[64];
+  for (int i = 0; i < 64; ++i) {
+    for (int s = 0; s < 4; ++s) h[s][i] = static_cast<std::uint16_t>(0x3c00 + 7 * i + s);
+    f[0][i] = static_cast<float>(i);
+    f[1][i] = static_cast<float>(2 * i + 1);
+  }
+  const void* four[4] = {h[0], h[1], h[2], h[3]};
+  auto ns = [seconds](auto&& call) {
+    call();
+    long reps = 1;
+    for (;;) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (long i = 0; i < reps; ++i) {
+        call();
+        asm volatile("" ::: "memory");
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= seconds) return s * 1e9 / static_cast<double>(reps);
+      reps = s > 0 ? std::max(reps * 2, static_cast<long>(reps * seconds / s * 1.1)) : reps * 2;
+    }
+  };
+  for (std::size_t n : {1u, 4u, 8u, 16u, 26u, 52u}) {
+    double t[7];
+    t[0] = n <= 26 ? ns([&] {
+      shmring::detail::reduce_short(out32, f[0], f[1], n, shmring::DataType::float32,
+                                    shmring::ReduceOp::sum, 1);
+    })
+                   : 0.0;
+    int col = 1;
+    for (int bf = 1; bf >= 0; --bf)
+      for (const shmring::detail::WideKernels* k : {&portable, best})
+        t[col++] = ns([&] { k->to_narrow[bf][0][0](out16, h[0], h[1], n, 1.0); });
+    for (int bf = 1; bf >= 0; --bf)
+      t[col++] = ns([&] { best->many[bf][0](out16, four, 4, n, 1.0); });
+    fmt::print("{:>9} {:>9} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>10.1f}\n", n,
+               n <= 26 ? fmt::format("{:.1f}", t[0]) : std::string("-"), t[1], t[2], t[3], t[4],
+               t[5], t[6]);
+  }
+}
+
 // Four inputs at equal bytes: float32 as the direct and two-shot paths
 // reduce it (core/reduce_steps.hpp: three pairwise passes, s0 + s1, then
 // + s2, then + s3, through shmring::detail::reduce) beside the 16-bit
@@ -489,6 +544,7 @@ int main(int argc, char** argv) {
       "# defined here), not the library's widen/add/narrow blocks\n");
   wide_table(seconds);
   many_input_table(seconds);
+  short_table(seconds);
   return failures == 0 ? 0 : 1;
 }
 
