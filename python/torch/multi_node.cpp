@@ -7,6 +7,7 @@
 
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/debug.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 // The header declares ProcessGroupGloo only for a torch built with gloo
 // (python3-torch is); meson checked that gloo's headers are there.
@@ -74,6 +75,7 @@ CrossNode::CrossNode(const c10::intrusive_ptr<::c10d::Store>& store, const std::
                      std::unique_ptr<Communicator> local)
     : rank_(rank),
       size_(size),
+      check_calls_(::c10d::debug_level() == ::c10d::DebugLevel::Detail),
       layout_(std::move(layout)),
       node_(layout_.node_of[static_cast<std::size_t>(rank)]),
       local_(layout_.local_of[static_cast<std::size_t>(rank)]),
@@ -186,6 +188,8 @@ void CrossNode::run() {
     } else {
       try {
         body();
+      } catch (const CallMismatch&) {
+        error = std::current_exception();  // every rank's, before anything moved
       } catch (...) {
         error = fail(work->title(), std::current_exception());
       }

@@ -32,6 +32,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +61,31 @@ class WorkTask : public Work {
   const char* title_;
   std::vector<at::Tensor> result_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+/// What every rank's call of a collective must agree on across the group,
+/// compared before its stages when torch's debug level is DETAIL
+/// (TORCH_DISTRIBUTED_DEBUG=DETAIL; docs/guide/torch-multi-node.md). -1: a
+/// field the operation does not have, or whose value may differ by rank.
+struct CallPrint {
+  explicit CallPrint(::c10d::OpType op_, std::int64_t dtype_ = -1, std::int64_t numel_ = -1,
+                     std::int64_t root_ = -1, std::int64_t reduce_op_ = -1)
+      : op(op_), dtype(dtype_), numel(numel_), root(root_), reduce_op(reduce_op_) {}
+  ::c10d::OpType op;
+  std::int64_t dtype;      // at::ScalarType
+  std::int64_t numel;      // elements every rank passes alike
+  std::int64_t root;       // global rank
+  std::int64_t reduce_op;  // ::c10d::ReduceOp::RedOpType
+  /// all_to_all: the bytes this rank sends to and receives from each rank
+  /// (recv_bytes[j] here must equal send_bytes[this rank] on rank j).
+  std::vector<std::int64_t> send_bytes, recv_bytes;
+};
+
+/// The error of a call whose ranks disagree (CallPrint): raised by every
+/// rank alike before anything moved, so the group stays usable.
+class CallMismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class CrossNode {
@@ -139,6 +165,14 @@ class CrossNode {
   /// returns its Work. Throws at once when the group is broken or shut down.
   c10::intrusive_ptr<Work> submit(::c10d::OpType type, const char* title,
                                   std::vector<at::Tensor> result, Body body);
+  /// As above, for a collective: with DETAIL checks on, its first stage
+  /// compares `print` across the group (check_print).
+  c10::intrusive_ptr<Work> submit(const char* title, std::vector<at::Tensor> result,
+                                  CallPrint print, Body body);
+  /// Allgathers every rank's CallPrint over the world group and throws
+  /// CallMismatch, on every rank alike, when any differs from rank 0's (or
+  /// an all_to_all's sizes disagree between a sender and its receiver).
+  void check_print(const CallPrint& print);
   void run();
   /// First failure: publish, abort the node, close the gloo groups. Returns
   /// the error every Work of the group fails with from now on.
@@ -175,6 +209,7 @@ class CrossNode {
 
   int rank_;
   int size_;
+  bool check_calls_;  // torch's debug level was DETAIL when the group was made
   NodeLayout layout_;
   int node_;
   int local_;

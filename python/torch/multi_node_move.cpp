@@ -103,7 +103,10 @@ c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor
   const bool blocks = layout_.equal() && std::all_of(outputs.begin(), outputs.end(), [&](auto& o) {
                         return o.numel() == input.numel();
                       });
-  return submit(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, [=, this] {
+  std::int64_t total = 0;
+  for (const auto& o : outputs) total += o.numel();
+  CallPrint print{::c10d::OpType::ALLGATHER, static_cast<std::int64_t>(input.scalar_type()), total};
+  return submit("shmring:all_gather", outputs, std::move(print), [=, this] {
     if (blocks) {
       unflatten(allgather_blocks(input), outputs);
       return;
@@ -133,7 +136,9 @@ c10::intrusive_ptr<Work> CrossNode::allgather_base(at::Tensor& output, at::Tenso
   const int rank = rank_;
   at::Tensor out = output, in = input;
   const bool blocks = layout_.equal();
-  return submit(::c10d::OpType::_ALLGATHER_BASE, "shmring:_all_gather_base", {output}, [=, this] {
+  CallPrint print{::c10d::OpType::_ALLGATHER_BASE, static_cast<std::int64_t>(input.scalar_type()),
+                  input.numel()};
+  return submit("shmring:_all_gather_base", {output}, std::move(print), [=, this] {
     if (blocks) {
       out.copy_(allgather_blocks(in).view(out.sizes()));
       return;
@@ -171,7 +176,9 @@ c10::intrusive_ptr<Work> CrossNode::gather(std::vector<std::vector<at::Tensor>>&
   }
   const int size = size_;
   const bool mine = rank_ == root;
-  return submit(::c10d::OpType::GATHER, "shmring:gather", outputs, [=, this] {
+  CallPrint print{::c10d::OpType::GATHER, static_cast<std::int64_t>(input.scalar_type()),
+                  input.numel(), root};
+  return submit("shmring:gather", outputs, std::move(print), [=, this] {
     at::Tensor in = input.contiguous();
     std::vector<at::Tensor> ins{bytes_of(in)};
     std::vector<std::vector<at::Tensor>> outs;
@@ -212,7 +219,9 @@ c10::intrusive_ptr<Work> CrossNode::scatter(std::vector<at::Tensor>& output_tens
                   t.numel(), " elements, expected the output's ", output.numel());
   }
   const bool mine = rank_ == root;
-  return submit(::c10d::OpType::SCATTER, "shmring:scatter", output_tensors, [=, this] {
+  CallPrint print{::c10d::OpType::SCATTER, static_cast<std::int64_t>(output.scalar_type()),
+                  output.numel(), root};
+  return submit("shmring:scatter", output_tensors, std::move(print), [=, this] {
     at::Tensor out = output.contiguous();
     std::vector<at::Tensor> outs{bytes_of(out)};
     std::vector<std::vector<at::Tensor>> ins;
@@ -244,14 +253,16 @@ c10::intrusive_ptr<Work> CrossNode::alltoall_base(at::Tensor& output, at::Tensor
   std::vector<int64_t> send = split_bytes(input, input_split_sizes, size_, "input");
   std::vector<int64_t> recv = split_bytes(output, output_split_sizes, size_, "output");
   at::Tensor out = output, in = input;
-  return submit(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output},
-                [=, this]() mutable {
-                  at::Tensor i = in.contiguous();
-                  at::Tensor o = out.contiguous();
-                  at::Tensor ib = bytes_of(i), ob = bytes_of(o);
-                  gloo_wait(world_->alltoall_base(ob, ib, recv, send, ::c10d::AllToAllOptions()));
-                  if (!o.is_same(out)) out.copy_(o);
-                });
+  CallPrint print{::c10d::OpType::ALLTOALL_BASE, static_cast<std::int64_t>(input.scalar_type())};
+  print.send_bytes = send;
+  print.recv_bytes = recv;
+  return submit("shmring:all_to_all_single", {output}, std::move(print), [=, this]() mutable {
+    at::Tensor i = in.contiguous();
+    at::Tensor o = out.contiguous();
+    at::Tensor ib = bytes_of(i), ob = bytes_of(o);
+    gloo_wait(world_->alltoall_base(ob, ib, recv, send, ::c10d::AllToAllOptions()));
+    if (!o.is_same(out)) out.copy_(o);
+  });
 }
 
 c10::intrusive_ptr<Work> CrossNode::alltoall(std::vector<at::Tensor>& output_tensors,
@@ -265,7 +276,10 @@ c10::intrusive_ptr<Work> CrossNode::alltoall(std::vector<at::Tensor>& output_ten
   check_list(output_tensors, size_, like, kOp, "output");
   for (const auto& o : output_tensors) check_written(o, kOp, "an output");
   const std::vector<at::Tensor> ins = input_tensors, outs = output_tensors;
-  return submit(::c10d::OpType::ALLTOALL, "shmring:all_to_all", output_tensors, [=, this] {
+  CallPrint print{::c10d::OpType::ALLTOALL, static_cast<std::int64_t>(like.scalar_type())};
+  for (const auto& t : ins) print.send_bytes.push_back(t.numel() * t.element_size());
+  for (const auto& t : outs) print.recv_bytes.push_back(t.numel() * t.element_size());
+  return submit("shmring:all_to_all", output_tensors, std::move(print), [=, this] {
     std::vector<int64_t> send, recv;
     std::int64_t total = 0;
     for (const auto& t : ins) send.push_back(t.numel() * t.element_size());

@@ -179,7 +179,9 @@ c10::intrusive_ptr<Work> CrossNode::allreduce(std::vector<at::Tensor>& tensors,
   const ::c10d::ReduceOp op = stage_op(tensor, opts.reduceOp, kOp);
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
-  return submit(::c10d::OpType::ALLREDUCE, "shmring:all_reduce", tensors, [=, this] {
+  CallPrint print{::c10d::OpType::ALLREDUCE, static_cast<std::int64_t>(tensor.scalar_type()),
+                  tensor.numel(), -1, reduce_op_kind(opts.reduceOp)};
+  return submit("shmring:all_reduce", tensors, std::move(print), [=, this] {
     at::Tensor buf = widened(tensor);
     const bool narrow = !buf.is_same(tensor) && tensor.is_contiguous();
     if (allreduce_flat(buf, op, narrow ? tensor : at::Tensor(), avg ? size : 0)) return;
@@ -203,13 +205,17 @@ c10::intrusive_ptr<Work> CrossNode::allreduce_coalesced(
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
   std::vector<at::Tensor> ts = tensors;
-  return submit(::c10d::OpType::ALLREDUCE_COALESCED, "shmring:allreduce_coalesced", tensors,
-                [=, this] {
-                  at::Tensor buf = widened(flatten(ts));
-                  allreduce_flat(buf, op);
-                  if (avg) buf.div_(size);
-                  unflatten(buf, ts);
-                });
+  std::int64_t total = 0;
+  for (const auto& t : ts) total += t.numel();
+  CallPrint print{::c10d::OpType::ALLREDUCE_COALESCED,
+                  static_cast<std::int64_t>(tensors[0].scalar_type()), total, -1,
+                  reduce_op_kind(opts.reduceOp)};
+  return submit("shmring:allreduce_coalesced", tensors, std::move(print), [=, this] {
+    at::Tensor buf = widened(flatten(ts));
+    allreduce_flat(buf, op);
+    if (avg) buf.div_(size);
+    unflatten(buf, ts);
+  });
 }
 
 c10::intrusive_ptr<Work> CrossNode::reduce(std::vector<at::Tensor>& tensors,
@@ -226,7 +232,9 @@ c10::intrusive_ptr<Work> CrossNode::reduce(std::vector<at::Tensor>& tensors,
   const bool mine = root == rank_;
   if (mine) check_written(tensor, kOp, "input");
   // An allreduce of which only the root keeps the result.
-  return submit(::c10d::OpType::REDUCE, "shmring:reduce", tensors, [=, this] {
+  CallPrint print{::c10d::OpType::REDUCE, static_cast<std::int64_t>(tensor.scalar_type()),
+                  tensor.numel(), root, reduce_op_kind(opts.reduceOp)};
+  return submit("shmring:reduce", tensors, std::move(print), [=, this] {
     at::Tensor buf = is_16bit(tensor.scalar_type()) ? widened(tensor) : tensor.contiguous().clone();
     allreduce_flat(buf, op);
     if (avg) buf.div_(size);
@@ -243,7 +251,9 @@ c10::intrusive_ptr<Work> CrossNode::broadcast(std::vector<at::Tensor>& tensors,
   if (root != rank_) check_written(tensor, kOp, "input");
   TORCH_CHECK(opts.rootTensor == 0, "shmring backend: ", kOp, ": root tensor index ",
               opts.rootTensor, " given, but there is one tensor per process (index 0)");
-  return submit(::c10d::OpType::BROADCAST, "shmring:broadcast", tensors, [=, this] {
+  CallPrint print{::c10d::OpType::BROADCAST, static_cast<std::int64_t>(tensor.scalar_type()),
+                  tensor.numel(), root};
+  return submit("shmring:broadcast", tensors, std::move(print), [=, this] {
     at::Tensor buf = tensor.contiguous();
     broadcast_bytes(buf.data_ptr(), static_cast<std::size_t>(buf.numel() * buf.element_size()),
                     root);
@@ -270,14 +280,17 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
   const int size = size_;
   std::int64_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += inputs[static_cast<std::size_t>(r)].numel();
+  std::int64_t total = 0;
+  for (const auto& t : inputs) total += t.numel();
+  CallPrint print{::c10d::OpType::REDUCE_SCATTER, static_cast<std::int64_t>(output.scalar_type()),
+                  total, -1, reduce_op_kind(opts.reduceOp)};
   // An allreduce of the whole list, of which each rank keeps its block.
-  return submit(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
-                [=, this] {
-                  at::Tensor buf = widened(flatten(inputs));
-                  allreduce_flat(buf, op);
-                  if (avg) buf.div_(size);
-                  round_into(output, buf.narrow(0, offset, output.numel()).view(output.sizes()));
-                });
+  return submit("shmring:reduce_scatter", output_tensors, std::move(print), [=, this] {
+    at::Tensor buf = widened(flatten(inputs));
+    allreduce_flat(buf, op);
+    if (avg) buf.div_(size);
+    round_into(output, buf.narrow(0, offset, output.numel()).view(output.sizes()));
+  });
 }
 
 c10::intrusive_ptr<Work> CrossNode::reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -296,18 +309,21 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter_base(at::Tensor& output, at::
   const int size = size_;
   const std::int64_t offset = rank_ * output.numel();
   at::Tensor out = output, in = input;
-  return submit(
-      ::c10d::OpType::_REDUCE_SCATTER_BASE, "shmring:_reduce_scatter_base", {output}, [=, this] {
-        at::Tensor buf = is_16bit(in.scalar_type()) ? widened(in) : in.contiguous().clone();
-        buf = buf.reshape({-1});
-        allreduce_flat(buf, op);
-        if (avg) buf.div_(size);
-        round_into(out, buf.narrow(0, offset, out.numel()).view(out.sizes()));
-      });
+  CallPrint print{::c10d::OpType::_REDUCE_SCATTER_BASE,
+                  static_cast<std::int64_t>(input.scalar_type()), input.numel(), -1,
+                  reduce_op_kind(opts.reduceOp)};
+  return submit("shmring:_reduce_scatter_base", {output}, std::move(print), [=, this] {
+    at::Tensor buf = is_16bit(in.scalar_type()) ? widened(in) : in.contiguous().clone();
+    buf = buf.reshape({-1});
+    allreduce_flat(buf, op);
+    if (avg) buf.div_(size);
+    round_into(out, buf.narrow(0, offset, out.numel()).view(out.sizes()));
+  });
 }
 
 c10::intrusive_ptr<Work> CrossNode::barrier() {
-  return submit(::c10d::OpType::BARRIER, "shmring:barrier", {}, [this] { barrier_stages(); });
+  return submit("shmring:barrier", {}, CallPrint{::c10d::OpType::BARRIER},
+                [this] { barrier_stages(); });
 }
 
 }  // namespace shmring::torch_backend

@@ -175,6 +175,60 @@ def scenario_one_rank_hosts(rank, size):
     print("one_rank_hosts ok", flush=True)
 
 
+def scenario_detail_hosts(rank, size):
+    """Run with TORCH_DISTRIBUTED_DEBUG=DETAIL on a group across two hosts
+    (rank 1 alone on its own): calls whose arguments are each valid but
+    differ between ranks (a size, a dtype, a root, all_to_all sizes) raise
+    the same error on every rank, naming the two calls, before anything
+    moved, and the group stays usable. Without the comparison gloo ends a
+    process on a size check or returns wrong data."""
+    hosts = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname())
+    check(hosts[0] == hosts[2] != hosts[1], f"hosts {hosts}")
+    head = "collective mismatch across the group"
+
+    def same_everywhere(msg):
+        msgs = [None] * size
+        dist.all_gather_object(msgs, msg)
+        check(all(m == msgs[0] for m in msgs), f"the ranks' errors differ: {msgs}")
+
+    n = 2000 if rank == 1 else 1000
+    same_everywhere(timed(lambda: dist.all_reduce(torch.ones(n)), head,
+                          "rank 0 called ALLREDUCE(SUM, torch.float32, 1000 elements) but rank 1 "
+                          "called ALLREDUCE(SUM, torch.float32, 2000 elements)", "stays usable"))
+    dtype = torch.float64 if rank == 1 else torch.float32
+    same_everywhere(timed(lambda: dist.all_reduce(torch.ones(8, dtype=dtype)), head,
+                          "torch.float32", "rank 1 called ALLREDUCE(SUM, torch.float64, 8 "
+                          "elements)"))
+    src = 2 if rank == 2 else 0
+    same_everywhere(timed(lambda: dist.broadcast(torch.zeros(7), src=src), head,
+                          "rank 0 called BROADCAST(torch.float32, 7 elements, root 0) but rank 2 "
+                          "called BROADCAST(torch.float32, 7 elements, root 2)"))
+    op = dist.ReduceOp.MAX if rank == 2 else dist.ReduceOp.SUM
+    same_everywhere(timed(lambda: dist.all_reduce(torch.ones(4), op=op), head,
+                          "rank 2 called ALLREDUCE(MAX, torch.float32, 4 elements)"))
+    # all_to_all_single: rank 1 expects 2 elements from rank 0, which sends 1.
+    out_splits = [2, 1, 1] if rank == 1 else [1, 1, 1]
+    same_everywhere(timed(
+        lambda: dist.all_to_all_single(torch.zeros(sum(out_splits)), torch.ones(3),
+                                       output_split_sizes=out_splits,
+                                       input_split_sizes=[1, 1, 1]),
+        head, "rank 0 sends 4 bytes to rank 1, which expects 8 bytes from it"))
+    gathered = [torch.zeros(3) for _ in range(size)] if rank == 0 else None
+    m = 5 if rank == 2 else 3
+    same_everywhere(timed(lambda: dist.gather(torch.ones(m), gathered, dst=0), head,
+                          "rank 2 called GATHER(torch.float32, 5 elements, root 0)"))
+    # Nothing moved in any of them: the group is as it was.
+    t = values(rank, 1000, "SUM", torch.float32)
+    dist.all_reduce(t)
+    check(torch.equal(t, sum(values(r, 1000, "SUM", torch.float32) for r in range(size))),
+          "all_reduce after the mismatches")
+    out = torch.zeros(3)
+    dist.all_to_all_single(out, torch.full((3,), float(rank)))
+    check(torch.equal(out, torch.arange(3, dtype=torch.float32)), f"all_to_all_single {out}")
+    print("detail_hosts ok", flush=True)
+
+
 def main():
     scenario, rank, size, init_method = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
         sys.argv[4]

@@ -6,6 +6,7 @@ others shmring's mismatch naming it; the group is then broken on every
 rank. A group whose ranks are on two hosts works (shmring inside each host,
 gloo between them)."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from conftest import HERE, assert_all_ok, finish_job
 WORKER = HERE / "refusal_worker.py"
 
 
-def start(scenario, size, tmp, wrap=None):
+def start(scenario, size, tmp, wrap=None, env=None):
     store = tmp / f"{scenario}.store"
     procs = []
     for rank in range(size):
@@ -26,7 +27,7 @@ def start(scenario, size, tmp, wrap=None):
         if wrap and rank in wrap:
             cmd = wrap[rank](cmd)
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+                                      text=True, env=env))
     return procs
 
 
@@ -79,3 +80,16 @@ def test_refused_on_one_rank_fails_fast_across_hosts(tmp):
     assert_all_ok(results)
     for _, out in results:
         assert "one_rank_hosts ok" in out
+
+
+@pytest.mark.skipif(not can_unshare_uts(), reason="needs unshare --uts (root or user namespaces)")
+def test_mismatch_across_hosts_under_detail(tmp):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL on a group over two hosts: a call
+    whose size, dtype, root, operator or all_to_all sizes differ between
+    ranks raises one error on every rank, naming both calls, and the group
+    stays usable (gloo alone would end a process or return wrong data)."""
+    env = dict(os.environ, TORCH_DISTRIBUTED_DEBUG="DETAIL")
+    results = finish_job(start("detail_hosts", 3, tmp, wrap={1: other_host}, env=env))
+    assert_all_ok(results)
+    for _, out in results:
+        assert "detail_hosts ok" in out
