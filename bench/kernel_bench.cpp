@@ -193,20 +193,26 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
   }
 }
 
+// Seconds per call of f, over repetitions that last at least `seconds`.
 template <class F>
-double gbps(std::size_t bytes, double seconds, F&& f) {
+double seconds_per_call(double seconds, F&& f) {
   f();  // warm the caches and the dispatch
-  int reps = 1;
+  long reps = 1;
   for (;;) {
     auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) {
+    for (long i = 0; i < reps; ++i) {
       f();
       asm volatile("" ::: "memory");
     }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s >= seconds) return 3.0 * static_cast<double>(bytes) * reps / s / 1e9;
-    reps = s > 0 ? std::max(reps * 2, static_cast<int>(reps * seconds / s * 1.1)) : reps * 2;
+    if (s >= seconds) return s / static_cast<double>(reps);
+    reps = s > 0 ? std::max(reps * 2, static_cast<long>(reps * seconds / s * 1.1)) : reps * 2;
   }
+}
+
+template <class F>
+double gbps(std::size_t bytes, double seconds, F&& f) {
+  return 3.0 * static_cast<double>(bytes) / seconds_per_call(seconds, f) / 1e9;
 }
 
 // The best vector table of the 16-bit kernels this CPU runs (as the
@@ -328,20 +334,7 @@ void short_table(double seconds) {
     f[1][i] = static_cast<float>(2 * i + 1);
   }
   const void* four[4] = {h[0], h[1], h[2], h[3]};
-  auto ns = [seconds](auto&& call) {
-    call();
-    long reps = 1;
-    for (;;) {
-      auto t0 = std::chrono::steady_clock::now();
-      for (long i = 0; i < reps; ++i) {
-        call();
-        asm volatile("" ::: "memory");
-      }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (s >= seconds) return s * 1e9 / static_cast<double>(reps);
-      reps = s > 0 ? std::max(reps * 2, static_cast<long>(reps * seconds / s * 1.1)) : reps * 2;
-    }
-  };
+  auto ns = [seconds](auto&& call) { return seconds_per_call(seconds, call) * 1e9; };
   for (std::size_t n : {1u, 4u, 8u, 16u, 26u, 52u}) {
     double t[7];
     t[0] = n <= 26 ? ns([&] {
