@@ -79,6 +79,10 @@ struct CallPrint {
   /// all_to_all: the bytes this rank sends to and receives from each rank
   /// (recv_bytes[j] here must equal send_bytes[this rank] on rank j).
   std::vector<std::int64_t> send_bytes, recv_bytes;
+  /// The element counts of a list every rank passes alike (all_gather's
+  /// outputs, reduce_scatter's inputs, allreduce_coalesced's tensors):
+  /// compared as a hash, so that a permutation with the same total differs.
+  std::vector<std::int64_t> list_numels;
 };
 
 /// The error of a call whose ranks disagree (CallPrint): raised by every

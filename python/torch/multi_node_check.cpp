@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -18,7 +19,18 @@
 namespace shmring::torch_backend {
 namespace {
 
-constexpr std::size_t kFixed = 5;  // op, dtype, numel, root, reduce_op
+constexpr std::size_t kFixed = 6;  // op, dtype, numel, root, reduce_op, list hash
+
+// FNV-1a over the counts, kept non-negative (-1 marks "no list").
+std::int64_t hash_counts(const std::vector<std::int64_t>& counts) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::int64_t c : counts)
+    for (int b = 0; b < 8; ++b) {
+      h ^= (static_cast<std::uint64_t>(c) >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  return static_cast<std::int64_t>(h >> 1);
+}
 
 std::string describe(const std::int64_t* row) {
   std::ostringstream s;
@@ -65,6 +77,7 @@ void CrossNode::check_print(const CallPrint& print) {
   m[2] = print.numel;
   m[3] = print.root;
   m[4] = print.reduce_op;
+  m[5] = print.list_numels.empty() ? -1 : hash_counts(print.list_numels);
   for (std::size_t j = 0; j < print.send_bytes.size() && j < size; ++j)
     m[kFixed + j] = print.send_bytes[j];
   for (std::size_t j = 0; j < print.recv_bytes.size() && j < size; ++j)
@@ -83,9 +96,15 @@ void CrossNode::check_print(const CallPrint& print) {
       "level is DETAIL): ";
   const char* tail = "; nothing ran, and the group stays usable";
   for (std::size_t r = 1; r < size; ++r) {
-    if (!std::equal(row(0), row(0) + kFixed, row(r)))
+    if (!std::equal(row(0), row(0) + kFixed - 1, row(r)))
       throw CallMismatch(std::string(head) + "rank 0 called " + describe(row(0)) + " but rank " +
                          std::to_string(r) + " called " + describe(row(r)) + tail);
+    if (row(0)[kFixed - 1] != row(r)[kFixed - 1])
+      throw CallMismatch(std::string(head) + "rank 0 and rank " + std::to_string(r) + " called " +
+                         describe(row(0)) +
+                         " with tensor lists whose element counts differ (the same total, in "
+                         "another order or split); every rank must pass lists of the same sizes" +
+                         tail);
   }
   if (print.op != ::c10d::OpType::ALLTOALL && print.op != ::c10d::OpType::ALLTOALL_BASE) return;
   // Every rank runs the same all_to_all: what i sends to j is what j

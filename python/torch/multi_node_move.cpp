@@ -106,6 +106,7 @@ c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor
   std::int64_t total = 0;
   for (const auto& o : outputs) total += o.numel();
   CallPrint print{::c10d::OpType::ALLGATHER, static_cast<std::int64_t>(input.scalar_type()), total};
+  for (const auto& o : outputs) print.list_numels.push_back(o.numel());
   return submit("shmring:all_gather", outputs, std::move(print), [=, this] {
     if (blocks) {
       unflatten(allgather_blocks(input), outputs);

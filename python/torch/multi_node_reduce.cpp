@@ -210,6 +210,7 @@ c10::intrusive_ptr<Work> CrossNode::allreduce_coalesced(
   CallPrint print{::c10d::OpType::ALLREDUCE_COALESCED,
                   static_cast<std::int64_t>(tensors[0].scalar_type()), total, -1,
                   reduce_op_kind(opts.reduceOp)};
+  for (const auto& t : ts) print.list_numels.push_back(t.numel());
   return submit("shmring:allreduce_coalesced", tensors, std::move(print), [=, this] {
     at::Tensor buf = widened(flatten(ts));
     allreduce_flat(buf, op);
@@ -284,6 +285,7 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
   for (const auto& t : inputs) total += t.numel();
   CallPrint print{::c10d::OpType::REDUCE_SCATTER, static_cast<std::int64_t>(output.scalar_type()),
                   total, -1, reduce_op_kind(opts.reduceOp)};
+  for (const auto& t : inputs) print.list_numels.push_back(t.numel());
   // An allreduce of the whole list, of which each rank keeps its block.
   return submit("shmring:reduce_scatter", output_tensors, std::move(print), [=, this] {
     at::Tensor buf = widened(flatten(inputs));

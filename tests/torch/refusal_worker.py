@@ -178,7 +178,8 @@ def scenario_one_rank_hosts(rank, size):
 def scenario_detail_hosts(rank, size):
     """Run with TORCH_DISTRIBUTED_DEBUG=DETAIL on a group across two hosts
     (rank 1 alone on its own): calls whose arguments are each valid but
-    differ between ranks (a size, a dtype, a root, all_to_all sizes) raise
+    differ between ranks (a size, a dtype, a root, all_to_all sizes, an
+    all_gather list's split) raise
     the same error on every rank, naming the two calls, before anything
     moved, and the group stays usable. Without the comparison gloo ends a
     process on a size check or returns wrong data."""
@@ -218,6 +219,19 @@ def scenario_detail_hosts(rank, size):
     m = 5 if rank == 2 else 3
     same_everywhere(timed(lambda: dist.gather(torch.ones(m), gathered, dst=0), head,
                           "rank 2 called GATHER(torch.float32, 5 elements, root 0)"))
+    # all_gather into lists of the same total, split otherwise on rank 1:
+    # each rank's own call is valid, and gloo would move the blocks wrong.
+    sizes = [4, 2, 2] if rank == 1 else [2, 4, 2]
+    outs = [torch.zeros(k) for k in sizes]
+    same_everywhere(timed(lambda: dist.all_gather(outs, torch.ones(sizes[rank])), head,
+                          "rank 0 and rank 1 called ALLGATHER(torch.float32, 8 elements) with "
+                          "tensor lists whose element counts differ"))
+    # The same uneven lists on every rank are a valid call.
+    sizes = [2, 4, 2]
+    outs = [torch.zeros(k) for k in sizes]
+    dist.all_gather(outs, torch.full((sizes[rank],), float(rank + 1)))
+    check(all(torch.equal(o, torch.full((k,), float(r + 1))) for r, (o, k) in
+              enumerate(zip(outs, sizes))), f"uneven all_gather {outs}")
     # Nothing moved in any of them: the group is as it was.
     t = values(rank, 1000, "SUM", torch.float32)
     dist.all_reduce(t)
