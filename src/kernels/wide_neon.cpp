@@ -37,6 +37,7 @@
 #include <arm_neon.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace shmring::detail {
