@@ -83,6 +83,14 @@ struct CallPrint {
   /// outputs, reduce_scatter's inputs, allreduce_coalesced's tensors):
   /// compared as a hash, so that a permutation with the same total differs.
   std::vector<std::int64_t> list_numels;
+  /// Sets list_numels from `list`, and numel to their total.
+  void set_list(const std::vector<at::Tensor>& list) {
+    numel = 0;
+    for (const auto& t : list) {
+      list_numels.push_back(t.numel());
+      numel += t.numel();
+    }
+  }
 };
 
 /// The error of a call whose ranks disagree (CallPrint): raised by every

@@ -103,10 +103,8 @@ c10::intrusive_ptr<Work> CrossNode::allgather(std::vector<std::vector<at::Tensor
   const bool blocks = layout_.equal() && std::all_of(outputs.begin(), outputs.end(), [&](auto& o) {
                         return o.numel() == input.numel();
                       });
-  std::int64_t total = 0;
-  for (const auto& o : outputs) total += o.numel();
-  CallPrint print{::c10d::OpType::ALLGATHER, static_cast<std::int64_t>(input.scalar_type()), total};
-  for (const auto& o : outputs) print.list_numels.push_back(o.numel());
+  CallPrint print{::c10d::OpType::ALLGATHER, static_cast<std::int64_t>(input.scalar_type())};
+  print.set_list(outputs);
   return submit("shmring:all_gather", outputs, std::move(print), [=, this] {
     if (blocks) {
       unflatten(allgather_blocks(input), outputs);

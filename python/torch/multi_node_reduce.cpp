@@ -205,12 +205,10 @@ c10::intrusive_ptr<Work> CrossNode::allreduce_coalesced(
   const bool avg = reduce_op_kind(opts.reduceOp) == ::c10d::ReduceOp::AVG;
   const int size = size_;
   std::vector<at::Tensor> ts = tensors;
-  std::int64_t total = 0;
-  for (const auto& t : ts) total += t.numel();
   CallPrint print{::c10d::OpType::ALLREDUCE_COALESCED,
-                  static_cast<std::int64_t>(tensors[0].scalar_type()), total, -1,
+                  static_cast<std::int64_t>(tensors[0].scalar_type()), -1, -1,
                   reduce_op_kind(opts.reduceOp)};
-  for (const auto& t : ts) print.list_numels.push_back(t.numel());
+  print.set_list(ts);
   return submit("shmring:allreduce_coalesced", tensors, std::move(print), [=, this] {
     at::Tensor buf = widened(flatten(ts));
     allreduce_flat(buf, op);
@@ -281,11 +279,9 @@ c10::intrusive_ptr<Work> CrossNode::reduce_scatter(
   const int size = size_;
   std::int64_t offset = 0;
   for (int r = 0; r < rank_; ++r) offset += inputs[static_cast<std::size_t>(r)].numel();
-  std::int64_t total = 0;
-  for (const auto& t : inputs) total += t.numel();
   CallPrint print{::c10d::OpType::REDUCE_SCATTER, static_cast<std::int64_t>(output.scalar_type()),
-                  total, -1, reduce_op_kind(opts.reduceOp)};
-  for (const auto& t : inputs) print.list_numels.push_back(t.numel());
+                  -1, -1, reduce_op_kind(opts.reduceOp)};
+  print.set_list(inputs);
   // An allreduce of the whole list, of which each rank keeps its block.
   return submit("shmring:reduce_scatter", output_tensors, std::move(print), [=, this] {
     at::Tensor buf = widened(flatten(inputs));
