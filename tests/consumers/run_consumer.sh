@@ -38,7 +38,10 @@ install_to_destdir() {
     page="$tmp/root$(abs "$mandir")/man1/shmrun.1"
     test -f "$page" || { echo "no man page in the install ($page)"; exit 1; }
     if command -v man >/dev/null; then
-      MANWIDTH=100 man -l "$page" 2>/dev/null | grep -q -- "--tag-output" ||
+      # Read the whole output before grep: with pipefail, `man | grep -q` fails
+      # whenever grep exits on its match before man has written its last line.
+      shown=$(MANWIDTH=100 man -l "$page" 2>/dev/null)
+      grep -q -- "--tag-output" <<<"$shown" ||
         { echo "man -l $page does not show the options"; exit 1; }
     fi
   fi
@@ -95,7 +98,9 @@ case $mode in
       ${CXX:-c++} -std=c++20 -o "$tmp/hier" "$tmp/hier.cpp" $mpi_flags \
         -Wl,-rpath,"$build/src/mpi" -Wl,-rpath,"$build/src" ||
         { echo "the MPI layer does not link from the build tree: $mpi_flags"; exit 1; }
-      LD_TRACE_LOADED_OBJECTS=1 "$tmp/hier" | grep -q "$build/src/mpi/libshmring_mpi" ||
+      # Not piped into grep -q, for the reason given for man above.
+      loaded=$(LD_TRACE_LOADED_OBJECTS=1 "$tmp/hier")
+      grep -q "$build/src/mpi/libshmring_mpi" <<<"$loaded" ||
         { echo "the MPI program does not load libshmring_mpi from $build/src/mpi"; exit 1; }
     fi
     exe="$tmp/consumer"
