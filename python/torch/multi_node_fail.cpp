@@ -4,9 +4,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace shmring::torch_backend {
@@ -41,6 +43,20 @@ struct Refused : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// True once every key in `keys` is in `store`, false when `within` has
+// passed first. Polls, instead of calling Store::wait: torch's FileStore
+// compares the time waited in whole seconds, so its wait(keys, 1 s) gives up
+// only after 2 s (measured on torch 1.13, 2.00-2.01 s in three tries).
+bool appear_within(::c10d::Store& store, const std::vector<std::string>& keys,
+                   std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    if (store.check(keys)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 bool is_refusal(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -74,11 +90,11 @@ void CrossNode::refuse(const char* op, const std::string& reason) noexcept {
       std::vector<std::string> all;
       for (int r = 0; r < size_; ++r) all.push_back(mark + std::to_string(r));
       try {
-        store_->wait(all, kRefusalAgreement);
-        return;
+        if (appear_within(*store_, all, kRefusalAgreement)) return;
       } catch (...) {
-        // Some rank runs the call: it must fail instead of waiting.
+        // The store is gone: fail as below.
       }
+      // Some rank runs the call: it must fail instead of waiting.
       throw Refused(what);
     });
   } catch (...) {
@@ -156,8 +172,7 @@ std::exception_ptr CrossNode::fail(const std::string& op, std::exception_ptr err
   try {
     if (!dead.empty()) {
       store_->set(dead_key, std::vector<std::uint8_t>(dead.begin(), dead.end()));
-    } else {
-      store_->wait({dead_key}, kDeathNotice);
+    } else if (appear_within(*store_, {dead_key}, kDeathNotice)) {
       const auto bytes = store_->get(dead_key);
       dead.assign(bytes.begin(), bytes.end());
     }
