@@ -168,7 +168,6 @@ c10::intrusive_ptr<Work> CrossNode::gather(std::vector<std::vector<at::Tensor>>&
     outputs = output_tensors[0];
     check_list(outputs, size_, input, kOp, "output");
     for (const auto& o : outputs) check_written(o, kOp, "an output");
-    for (const auto& o : outputs) check_written(o, kOp, "an output");
     for (const auto& o : outputs)
       TORCH_CHECK(o.numel() == input.numel(), "shmring backend: ", kOp, ": an output tensor has ",
                   o.numel(), " elements, expected the input's ", input.numel());

@@ -21,8 +21,10 @@ Staged stage_output(const at::Tensor& tensor) {
   return {tensor, at::empty(tensor.sizes(), tensor.options())};
 }
 
-std::function<void()> copy_back(std::vector<Staged> staged) {
+std::function<void()> copy_back(std::vector<Staged> staged, const char* op) {
+  // A contiguous tensor is its own buffer, and none of its elements overlap.
   std::erase_if(staged, [](const Staged& s) { return !s.copied(); });
+  for (const auto& s : staged) check_written(s.user, op, "the result tensor");
   if (staged.empty()) return nullptr;
   return [staged = std::move(staged)] {
     for (const auto& s : staged) s.user.copy_(s.buffer);
@@ -95,7 +97,9 @@ at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
   return at::cat(views);
 }
 
-std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> outputs) {
+std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> outputs,
+                                     const char* op) {
+  for (const auto& o : outputs) check_written(o, op, "an output");
   return [flat = std::move(flat), outputs = std::move(outputs)] {
     std::int64_t offset = 0;
     for (const auto& o : outputs) {

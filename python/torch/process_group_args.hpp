@@ -36,7 +36,10 @@ Staged stage(const at::Tensor& tensor);
 // Staged for an output only: the copy need not hold the old values.
 Staged stage_output(const at::Tensor& tensor);
 
-std::function<void()> copy_back(std::vector<Staged> staged);
+// The epilogue that copies each staged copy back into its tensor. Throws
+// c10::Error, before anything moved, when such a tensor has elements that
+// share memory (an expand()ed result cannot hold one).
+std::function<void()> copy_back(std::vector<Staged> staged, const char* op);
 
 // Data movement (broadcast, allgather) does not look at the values: a dtype
 // shmring cannot reduce (bool, int16, complex...) moves as bytes.
@@ -81,8 +84,10 @@ std::vector<std::size_t> numels(const std::vector<at::Tensor>& tensors, std::siz
 // The tensors of a list, in order, as one contiguous 1-D tensor (a copy).
 at::Tensor flatten(const std::vector<at::Tensor>& tensors);
 
-// Copies consecutive pieces of `flat` into `outputs`, in order.
-std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> outputs);
+// Copies consecutive pieces of `flat` into `outputs`, in order. Throws
+// c10::Error, as copy_back does, for an output whose elements share memory.
+std::function<void()> unflatten_into(at::Tensor flat, std::vector<at::Tensor> outputs,
+                                     const char* op);
 
 // A list of `size` tensors of one dtype (`like`'s), each checked.
 void check_list(const std::vector<at::Tensor>& list, int size, const at::Tensor& like,

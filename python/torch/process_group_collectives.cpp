@@ -34,7 +34,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce(std::vector<at::Tensor>&
     void* data = s.buffer.data_ptr();
     const auto count = static_cast<std::size_t>(s.buffer.numel());
     return launch(::c10d::OpType::ALLREDUCE, "shmring:all_reduce", tensors, {s.buffer},
-                  copy_back({s}),
+                  copy_back({s}, kOp),
                   [=](Communicator& c) { return c.iallreduce(data, data, count, dtype, op); });
   });
 }
@@ -52,6 +52,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allreduce_coalesced(
     TORCH_CHECK(!tensors.empty(), "shmring backend: ", kOp, " got an empty tensor list");
     for (const auto& t : tensors) {
       check_tensor(t, kOp, "input");
+      check_written(t, kOp, "an input");
       TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "shmring backend: ", kOp,
                   ": tensors must share one dtype, got ", dtype_name(tensors[0].scalar_type()),
                   " and ", dtype_name(t.scalar_type()));
@@ -91,9 +92,12 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>&
     const int root = static_cast<int>(opts.rootRank);
     Staged s = stage(tensor);
     const Raw raw = raw_of(s.buffer, kOp);
-    return launch(
-        ::c10d::OpType::BROADCAST, "shmring:broadcast", tensors, {s.buffer}, copy_back({s}),
-        [=](Communicator& c) { return c.ibroadcast(raw.data, raw.count, raw.dtype, root); });
+    // The root's tensor is only read: it may be one whose elements share
+    // memory (expand()), and nothing is copied back into it.
+    return launch(::c10d::OpType::BROADCAST, "shmring:broadcast", tensors, {s.buffer},
+                  rank_ == root ? nullptr : copy_back({s}, kOp), [=](Communicator& c) {
+                    return c.ibroadcast(raw.data, raw.count, raw.dtype, root);
+                  });
   });
 }
 
@@ -116,7 +120,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce(std::vector<at::Tensor>& te
     const auto count = static_cast<std::size_t>(s.buffer.numel());
     // Only the root's tensor changes; elsewhere the input is left as it was.
     return launch(::c10d::OpType::REDUCE, "shmring:reduce", tensors, {s.buffer},
-                  rank_ == root ? copy_back({s}) : nullptr,
+                  rank_ == root ? copy_back({s}, kOp) : nullptr,
                   [=](Communicator& c) { return c.ireduce(data, data, count, dtype, op, root); });
   });
 }
@@ -154,13 +158,13 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
     void* recv = flat.data_ptr();
     if (all_equal(layout.recv_counts)) {
       return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
-                    unflatten_into(flat, outputs), [=](Communicator& c) {
+                    unflatten_into(flat, outputs, kOp), [=](Communicator& c) {
                       return c.iallgather(send.data, recv, send.count, send.dtype);
                     });
     }
     layout.recv_displs = packed_displs(layout.recv_counts);
     return launch(::c10d::OpType::ALLGATHER, "shmring:all_gather", outputs, {in.buffer, flat},
-                  unflatten_into(flat, outputs), [=](Communicator& c) {
+                  unflatten_into(flat, outputs, kOp), [=](Communicator& c) {
                     return c.iallgatherv(send.data, send.count, recv, layout.recv_counts,
                                          layout.recv_displs, send.dtype);
                   });
@@ -185,7 +189,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
     const Raw send = raw_of(in.buffer, kOp);
     void* recv = out.buffer.data_ptr();
     return launch(::c10d::OpType::_ALLGATHER_BASE, "shmring:_all_gather_base", {output_buffer},
-                  {in.buffer, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  {in.buffer, out.buffer}, copy_back({out}, kOp), [=](Communicator& c) {
                     return c.iallgather(send.data, recv, send.count, send.dtype);
                   });
   });
@@ -224,12 +228,12 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::reduce_scatter(
     layout.recv_counts = numels(inputs, 1);
     if (all_equal(layout.recv_counts)) {
       return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
-                    {flat, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                    {flat, out.buffer}, copy_back({out}, kOp), [=](Communicator& c) {
                       return c.ireduce_scatter(send, recv, count, dtype, op);
                     });
     }
     return launch(::c10d::OpType::REDUCE_SCATTER, "shmring:reduce_scatter", output_tensors,
-                  {flat, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  {flat, out.buffer}, copy_back({out}, kOp), [=](Communicator& c) {
                     return c.ireduce_scatter_v(send, recv, layout.recv_counts, dtype, op);
                   });
   });
@@ -256,7 +260,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::_reduce_scatter_base(
     void* recv = out.buffer.data_ptr();
     const auto count = static_cast<std::size_t>(output_buffer.numel());
     return launch(::c10d::OpType::_REDUCE_SCATTER_BASE, "shmring:_reduce_scatter_base",
-                  {output_buffer}, {in.buffer, out.buffer}, copy_back({out}),
+                  {output_buffer}, {in.buffer, out.buffer}, copy_back({out}, kOp),
                   [=](Communicator& c) { return c.ireduce_scatter(send, recv, count, dtype, op); });
   });
 }
@@ -309,7 +313,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
     at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
     void* recv = flat.data_ptr();
     return launch(::c10d::OpType::GATHER, "shmring:gather", outputs, {in.buffer, flat},
-                  unflatten_into(flat, outputs), [=](Communicator& c) {
+                  unflatten_into(flat, outputs, kOp), [=](Communicator& c) {
                     return c.igather(send.data, recv, send.count, send.dtype, root);
                   });
   });
@@ -338,7 +342,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
       TORCH_CHECK(input_tensors.empty(), "shmring backend: ", kOp, ": rank ", rank_,
                   " is not the root (", root, ") but was given an input list");
       return launch(::c10d::OpType::SCATTER, "shmring:scatter", output_tensors, {out.buffer},
-                    copy_back({out}),
+                    copy_back({out}, kOp),
                     [=](Communicator& c) { return c.iscatter(nullptr, recv, count, dtype, root); });
     }
     TORCH_CHECK(input_tensors.size() == 1, "shmring backend: ", kOp,
@@ -351,7 +355,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
     at::Tensor flat = flatten(inputs);
     const void* send = flat.data_ptr();
     return launch(::c10d::OpType::SCATTER, "shmring:scatter", output_tensors, {flat, out.buffer},
-                  copy_back({out}),
+                  copy_back({out}, kOp),
                   [=](Communicator& c) { return c.iscatter(send, recv, count, dtype, root); });
   });
 }
@@ -397,7 +401,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
     layout.send_displs = packed_displs(layout.send_counts);
     layout.recv_displs = packed_displs(layout.recv_counts);
     return launch(::c10d::OpType::ALLTOALL_BASE, "shmring:all_to_all_single", {output_buffer},
-                  {in.buffer, out.buffer}, copy_back({out}), [=](Communicator& c) {
+                  {in.buffer, out.buffer}, copy_back({out}, kOp), [=](Communicator& c) {
                     return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
                                         layout.recv_counts, layout.recv_displs, dtype);
                   });
@@ -436,7 +440,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
     void* recv = flat_out.data_ptr();
     const DataType dtype = m.dtype;
     return launch(::c10d::OpType::ALLTOALL, "shmring:all_to_all", output_tensors,
-                  {flat_in, flat_out}, unflatten_into(flat_out, output_tensors),
+                  {flat_in, flat_out}, unflatten_into(flat_out, output_tensors, kOp),
                   [=](Communicator& c) {
                     return c.ialltoallv(send, layout.send_counts, layout.send_displs, recv,
                                         layout.recv_counts, layout.recv_displs, dtype);

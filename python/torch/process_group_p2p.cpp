@@ -43,7 +43,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::recv(std::vector<at::Tensor>& tens
   Staged s = stage_output(tensor);
   const Raw raw = raw_of(s.buffer, kOp);
   return launch(
-      ::c10d::OpType::RECV, "shmring:recv", tensors, {s.buffer}, copy_back({s}),
+      ::c10d::OpType::RECV, "shmring:recv", tensors, {s.buffer}, copy_back({s}, kOp),
       [=](Communicator& c) { return c.irecv(raw.data, raw.count, raw.dtype, src_rank, tag); });
 }
 

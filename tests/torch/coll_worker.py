@@ -256,6 +256,20 @@ def scenario_refusals(rank, size):
     expect_error(lambda: dist.all_gather([torch.empty(3)] * rank + [torch.empty(2)]
                                          + [torch.empty(3)] * (size - rank - 1), torch.ones(3)),
                  "this rank's")
+    # A result tensor whose elements share memory (expand()) cannot hold a
+    # result: refused before anything moves, in shmring's words, not left
+    # to fail in the copy back after the collective ran.
+    shared = "has elements that share memory"
+    expect_error(lambda: dist.all_reduce(torch.tensor([float(rank)]).expand(5)), "allreduce",
+                 shared)
+    expect_error(lambda: dist.all_gather([torch.zeros(1).expand(3)] * size, torch.ones(3)),
+                 "allgather", shared)
+    expect_error(lambda: dist.all_reduce_coalesced([torch.ones(2), torch.ones(1).expand(3)]),
+                 "allreduce_coalesced", shared)
+    # A broadcast's root only reads its tensor: an expanded one is valid there.
+    root_in = torch.tensor([3.0]).expand(4) if rank == 0 else torch.zeros(4)
+    dist.broadcast(root_in, src=0)
+    check(torch.equal(root_in, torch.full((4,), 3.0)), f"broadcast from an expanded root {root_in}")
     # A refusal at the root only: the other ranks' matching call fails at
     # once naming the root, and that group is broken on every rank alike.
     root_only = [
