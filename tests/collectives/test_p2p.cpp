@@ -1193,14 +1193,17 @@ TEST_CASE("a message already scanned by the receiver is refused once its sender 
 
 TEST_CASE("a send whose receiver is reading it at the deadline completes as delivered") {
   // Rank 1 claims rank 0's 1 MiB message at 0.3 s and its single-copy read
-  // stalls 1.5 s (StallingBuffer) across rank 0's 1 s deadline. Exactly one
+  // stalls 2.5 s (StallingBuffer) across rank 0's 2 s deadline. Exactly one
   // of "received" and "failed" may happen: the read moves, so the send
   // completes, the recv has every byte, and the communicator stays usable.
+  // The read must end before the send's extra time does (at 4 s): with a
+  // 1 s timeout and a 1.5 s stall that margin was 0.2 s, and a loaded CI
+  // machine ate it.
   if (skip_stalled_reads()) return;
   unsetenv("SHMRING_CMA");
   unsetenv("SHMRING_CMA_MIN_BYTES");
   Options o;
-  o.timeout_s = 1;
+  o.timeout_s = 2;
   auto st = test::run_ranks(
       2,
       [&](Communicator& comm) {
@@ -1216,7 +1219,7 @@ TEST_CASE("a send whose receiver is reading it at the deadline completes as deli
           SHMRING_CHILD_CHECK(token == 77, "the exchange after it: %lld", (long long)token);
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
-          StallingBuffer in(kBig * sizeof(float), std::chrono::milliseconds(1500));
+          StallingBuffer in(kBig * sizeof(float), std::chrono::milliseconds(2500));
           SHMRING_CHILD_CHECK(
               !throws_as<Error>([&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); },
                                 &what),
