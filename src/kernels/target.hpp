@@ -54,4 +54,11 @@ bool sve_available();
 /// choices measured only there; false elsewhere. Cached after the first call.
 bool cpu_is_amd();
 
+/// Whether this is an AMD Zen 4 core (family 19h with AVX-512): it runs a
+/// 512-bit instruction as two 256-bit halves, so some conversions cost more
+/// than twice their 256-bit forms there; Zen 5 (family 1Ah) and Intel's
+/// AVX-512 cores run them at full width. False elsewhere. Cached after the
+/// first call.
+bool cpu_is_zen4();
+
 }  // namespace shmring::detail

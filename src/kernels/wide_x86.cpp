@@ -315,10 +315,12 @@ inline __attribute__((always_inline)) void store16(unsigned char* p, V v) {
 // core vcvtph2ps and vcvtps2ph on 512-bit registers take more than twice
 // their 256-bit forms, and the NaN fix-up is a branch on a mask that is
 // nearly always clear: 1.2-1.3x the 512-bit loop's speed in cache
-// (docs/performance/notes/2026-12-06-float16-many-input.md). Intel cores
-// run the 512-bit conversions at full width and were not measured, so
-// there float16_pairs declines (returns false) and pair_sum_float32's own
-// loop runs. n is a multiple of 16. Called as
+// (docs/performance/notes/2026-12-06-float16-many-input.md). A Zen 5 core
+// runs the 512-bit loop 1.7x faster than these halves
+// (docs/performance/notes/2026-12-07-zen5-float16-pairs.md), and Intel's
+// AVX-512 cores run the 512-bit conversions at full width too, so
+// elsewhere float16_pairs declines (returns false) and pair_sum_float32's
+// own loop runs. n is a multiple of 16. Called as
 // float16_pairs(std::bool_constant<Half>{}, ...).
 constexpr bool kFloat16Pairs = true;
 
@@ -331,7 +333,7 @@ template <bool Half>
 inline __attribute__((always_inline)) bool float16_pairs(std::bool_constant<Half>, unsigned char* d,
                                                          const unsigned char* x,
                                                          const unsigned char* y, std::size_t n) {
-  if (!cpu_is_amd()) return false;
+  if (!cpu_is_zen4()) return false;
   const __m256 half = _mm256_set1_ps(0.5f);
   for (std::size_t i = 0; i < n; i += 16) {
     __m256 a1 = load8h(x + 2 * i), a2 = load8h(x + 2 * i + 16);
