@@ -204,6 +204,32 @@ void ProcessGroupShmring::refuse(const char* op, const std::string& reason) noex
   }
 }
 
+void ProcessGroupShmring::agree_on_moved_dtype(const at::Tensor& tensor, const char* op) {
+  if (!pg_detail::move_type(tensor, op).as_bytes) return;
+  const at::ScalarType type = tensor.scalar_type();
+  const std::int64_t mine = static_cast<std::int64_t>(type);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
+  {
+    std::lock_guard<std::mutex> lock(call_mutex_);
+    TORCH_CHECK(comm_, "shmring backend: ", op,
+                ": the process group was destroyed (destroy_process_group)");
+    try {
+      comm_->allgather(&mine, all.data(), 1, DataType::int64);
+    } catch (const Error& e) {
+      // Marked as launched: the peers already know (the communicator's own
+      // failure), so refusing() must not tell them again.
+      t_launched = true;
+      TORCH_CHECK(false, "shmring backend: ", op, ": comparing every rank's dtype (",
+                  dtype_name(type), " moves as bytes) failed: ", e.what());
+    }
+  }
+  for (std::size_t r = 1; r < all.size(); ++r)
+    TORCH_CHECK(all[r] == all[0], "shmring backend: ", op, ": rank 0 passed a tensor of dtype ",
+                dtype_name(static_cast<at::ScalarType>(all[0])), " but rank ", r, " one of dtype ",
+                dtype_name(static_cast<at::ScalarType>(all[r])),
+                "; every rank must pass the same dtype (nothing was moved)");
+}
+
 ProcessGroupShmring::ProcessGroupShmring(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
                                          int size, std::chrono::milliseconds timeout)
     : BackendBase(rank, size) {

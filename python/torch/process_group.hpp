@@ -131,6 +131,20 @@ class ProcessGroupShmring : public BackendBase {
                                   std::vector<at::Tensor> keep_alive,
                                   std::function<void()> epilogue, const Start& start);
 
+  /// For a tensor whose dtype moves as bytes (move_type's as_bytes: bool,
+  /// int16, complex, ...), compares every rank's dtype before anything
+  /// moves: the communicator compares only the byte counts of such calls, so
+  /// a bool tensor broadcast into a uint8 one, or complex128 gathered into
+  /// complex64 of the same bytes, would pass as one call and deliver
+  /// reinterpreted bytes. One blocking 8-byte allgather, on these dtypes only
+  /// (shmring's own dtypes cost nothing: the communicator compares them).
+  /// Throws c10::Error on every rank when the dtypes differ (the call is
+  /// then refused on every rank and the group stays usable), or with the
+  /// communicator's error when the peers made another call (a rank passing
+  /// one of shmring's dtypes runs the collective itself, which then fails as
+  /// a mismatch on every rank). Collectives only, under the call order.
+  void agree_on_moved_dtype(const at::Tensor& tensor, const char* op);
+
   /// Tells the peers, in call order, that this rank refused a collective
   /// (Communicator::reject_call): their matching call fails at once naming
   /// this rank, `op` and `reason` (this rank's own error message) instead of

@@ -43,7 +43,7 @@ MoveType move_type(const at::Tensor& tensor, const char* op) {
     case at::kLong:
       return {to_datatype(tensor.scalar_type(), op), 1};
     default:
-      return {DataType::uint8, static_cast<std::size_t>(tensor.element_size())};
+      return {DataType::uint8, static_cast<std::size_t>(tensor.element_size()), true};
   }
 }
 

@@ -51,9 +51,13 @@ struct Raw {
 
 // The datatype a tensor's elements move as, and how many of its elements
 // one tensor element is (1, or the element size when it moves as bytes).
+// `as_bytes`: the dtype is not one of shmring's, so the communicator sees
+// only bytes and cannot tell it from another dtype of the same size
+// (ProcessGroupShmring::agree_on_moved_dtype compares it instead).
 struct MoveType {
   DataType dtype;
   std::size_t per_element;
+  bool as_bytes = false;
 };
 
 MoveType move_type(const at::Tensor& tensor, const char* op);

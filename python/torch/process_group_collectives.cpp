@@ -90,6 +90,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::broadcast(std::vector<at::Tensor>&
     const at::Tensor& tensor = single_tensor(tensors, kOp, "input");
     check_root(static_cast<int>(opts.rootRank), opts.rootTensor, size_, kOp);
     const int root = static_cast<int>(opts.rootRank);
+    agree_on_moved_dtype(tensor, kOp);
     Staged s = stage(tensor);
     const Raw raw = raw_of(s.buffer, kOp);
     // The root's tensor is only read: it may be one whose elements share
@@ -144,6 +145,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::allgather(
                 "shmring backend: ", kOp, ": output tensor ", rank_, " (this rank's) has ",
                 outputs[static_cast<std::size_t>(rank_)].numel(), " elements, but the input has ",
                 input.numel());
+    agree_on_moved_dtype(input, kOp);
     // Gathered into one flat buffer, then copied out to the list's tensors.
     // Every rank holds the same list of output sizes, so all take the same
     // path: allgather when the sizes are equal, allgatherv when not.
@@ -184,6 +186,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::_allgather_base(
     check_tensor(input_buffer, kOp, "input");
     check_tensor(output_buffer, kOp, "output");
     check_same(input_buffer, output_buffer, kOp, "the output", size_ * input_buffer.numel());
+    agree_on_moved_dtype(input_buffer, kOp);
     Staged in = stage(input_buffer);
     Staged out = stage_output(output_buffer);
     const Raw send = raw_of(in.buffer, kOp);
@@ -293,6 +296,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::gather(
     const at::Tensor& input = single_tensor(input_tensors, kOp, "input");
     const int root = static_cast<int>(opts.rootRank);
     check_root(root, 0, size_, kOp);
+    agree_on_moved_dtype(input, kOp);
     Staged in = stage(input);
     const Raw send = raw_of(in.buffer, kOp);
     if (rank_ != root) {
@@ -333,6 +337,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::scatter(
     const at::Tensor& output = single_tensor(output_tensors, kOp, "output");
     const int root = static_cast<int>(opts.rootRank);
     check_root(root, 0, size_, kOp);
+    agree_on_moved_dtype(output, kOp);
     Staged out = stage_output(output);
     const MoveType m = move_type(output, kOp);
     void* recv = out.buffer.data_ptr();
@@ -378,6 +383,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall_base(
     TORCH_CHECK(output_buffer.scalar_type() == input_buffer.scalar_type(), "shmring backend: ", kOp,
                 ": the output has dtype ", dtype_name(output_buffer.scalar_type()), ", expected ",
                 dtype_name(input_buffer.scalar_type()));
+    agree_on_moved_dtype(input_buffer, kOp);
     const MoveType m = move_type(input_buffer, kOp);
     Layout layout;
     layout.send_counts =
@@ -424,6 +430,7 @@ c10::intrusive_ptr<Work> ProcessGroupShmring::alltoall(std::vector<at::Tensor>& 
     const at::Tensor& like = input_tensors[0];
     check_list(input_tensors, size_, like, kOp, "input");
     check_list(output_tensors, size_, like, kOp, "output");
+    agree_on_moved_dtype(like, kOp);
     // Always alltoallv: tensor j of the lists goes to and comes from rank j,
     // and whether all of a rank's sizes are equal is its own view only.
     const MoveType m = move_type(like, kOp);

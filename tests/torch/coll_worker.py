@@ -317,6 +317,49 @@ def scenario_mismatch(rank, size):
     print("coll mismatch ok", flush=True)
 
 
+def scenario_bytes_dtypes(rank, size):
+    """dtypes shmring moves as bytes (bool, int16, complex): ranks that pass
+    different ones of the same byte count get an error on every rank, and
+    nothing moves, instead of reinterpreted bytes."""
+    # Both move as bytes: compared before anything moves, refused on every
+    # rank alike, and the group stays usable.
+    if rank == 0:
+        t = torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex128)
+    else:
+        t = torch.zeros(4, dtype=torch.complex64)
+    before = t.clone()
+    expect_error(lambda: dist.broadcast(t, src=0), "broadcast",
+                 "rank 0 passed a tensor of dtype torch.complex128 but rank 1 one of dtype "
+                 "torch.complex64", "nothing was moved")
+    check(torch.equal(t, before), f"broadcast refused, yet the tensor changed: {t}")
+    mine = torch.tensor([1, 2], dtype=torch.int16) if rank == 0 else torch.ones(4, dtype=torch.bool)
+    out = [torch.zeros_like(mine) for _ in range(size)]
+    expect_error(lambda: dist.all_gather(out, mine), "allgather", "torch.int16", "torch.bool")
+    check(all(torch.equal(o, torch.zeros_like(mine)) for o in out),
+          f"all_gather refused, yet its outputs changed: {out}")
+    # The same dtype everywhere still moves, and the group works after.
+    flags = torch.tensor([rank == 0, rank == 1])
+    dist.broadcast(flags, src=0)
+    check(torch.equal(flags, torch.tensor([True, False])), f"bool broadcast {flags}")
+    x = values(rank, 10, "SUM", torch.float32)
+    dist.all_reduce(x)
+    check_close(x, tw.reference(size, 10, "SUM", torch.float32), "all_reduce after the refusals")
+    # One of shmring's dtypes against one moved as bytes (uint8 and bool):
+    # the two ranks run different calls, a mismatch on every rank (the group
+    # breaks, as for any mismatch), and the receiver's tensor is unchanged.
+    if size > 1:
+        g = dist.new_group(list(range(size)))
+        if rank == 0:
+            b = torch.tensor([True, False, True, True])
+        else:
+            b = torch.full((4,), 7, dtype=torch.uint8)
+        before = b.clone()
+        expect_error(lambda: dist.broadcast(b, src=0, group=g), "mismatch")
+        check(torch.equal(b, before), f"mismatched broadcast changed the tensor: {b}")
+        dist.destroy_process_group(g)
+    print("coll bytes dtypes ok", flush=True)
+
+
 def scenario_all(rank, size):
     scenario_alltoall(rank, size)
     scenario_gather_scatter(rank, size)

@@ -25,3 +25,14 @@ def test_collectives_against_references(tmp, size):
 def test_split_size_mismatch_is_an_error_on_every_rank(tmp):
     results = run_job("mismatch", 2, tmp, worker=COLL_WORKER)
     assert_all_ok(results)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_dtypes_moved_as_bytes_are_compared_across_ranks(tmp, size):
+    """complex128 broadcast into complex64 of the same bytes, or int16
+    gathered with bool: an error naming both dtypes on every rank, nothing
+    moved, the group usable; uint8 against bool: a mismatch on every rank."""
+    results = run_job("bytes_dtypes", size, tmp, worker=COLL_WORKER)
+    assert_all_ok(results)
+    for _, out in results:
+        assert "coll bytes dtypes ok" in out
