@@ -5,6 +5,8 @@
 // the buffer it lives in (the core sees only pointers).
 
 #include <cstddef>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "bindings.hpp"
@@ -32,9 +34,18 @@ std::vector<std::size_t> counts_from(const py::handle& seq, const char* what, co
     if (py::isinstance<py::bool_>(x) || !PyIndex_Check(x.ptr()))
       throw InvalidArgumentError(fmt::format("{}: {}[{}] must be an integer, got {} {}", what, name,
                                              i, type_name(x), py::repr(x).cast<std::string>()));
-    long long v = py::reinterpret_steal<py::int_>(PyNumber_Index(x.ptr())).cast<long long>();
-    if (v < 0)
-      throw InvalidArgumentError(fmt::format("{}: {}[{}]={} must be >= 0", what, name, i, v));
+    const auto index = py::reinterpret_steal<py::int_>(PyNumber_Index(x.ptr()));
+    // Past long long (2^63 and up) no buffer could hold the block: the same
+    // refusal in shmring's words, not pybind11's cast error.
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (overflow > 0)
+      throw InvalidArgumentError(fmt::format("{}: {}[{}]={} is too large (at most {})", what, name,
+                                             i, py::repr(index).cast<std::string>(),
+                                             std::numeric_limits<long long>::max()));
+    if (overflow < 0 || v < 0)
+      throw InvalidArgumentError(fmt::format("{}: {}[{}]={} must be >= 0", what, name, i,
+                                             py::repr(index).cast<std::string>()));
     out.push_back(static_cast<std::size_t>(v));
   }
   return out;

@@ -288,8 +288,8 @@ until the timeout; refused alike on every rank, the communicator stays usable.
 )doc")
       .def(py::init([](std::optional<int> rank, std::optional<int> size,
                        std::optional<std::string> job_id, std::optional<int> local_rank,
-                       std::optional<int> local_size, std::optional<std::size_t> slots,
-                       std::optional<std::size_t> slot_bytes, std::optional<int> threads,
+                       std::optional<int> local_size, std::optional<long long> slots,
+                       std::optional<long long> slot_bytes, std::optional<int> threads,
                        std::optional<double> timeout, std::optional<int> world_size,
                        std::optional<int> local_world_size) {
              // world_size= is C++'s name (Options::world_size, WORLD_SIZE);
@@ -305,14 +305,32 @@ until the timeout; refused alike on every rank, the communicator stays usable.
              };
              size = one_of("world_size", world_size, "size", size);
              local_size = one_of("local_world_size", local_world_size, "local_size", local_size);
+             // -1 (and 0 for slots, slot_bytes) is what Options reads as "not
+             // given": a caller who wrote it gets an error naming it, not the
+             // environment's value or a message about another argument.
+             auto refuse_unset = [](const char* name, auto value, bool bad, const char* expected) {
+               if (value && bad)
+                 throw InvalidArgumentError(
+                     fmt::format("{}={}: expected {}", name, *value, expected));
+             };
+             const char* rank_range = "an integer in [0, world_size)";
+             refuse_unset("rank", rank, rank && *rank == -1, rank_range);
+             refuse_unset("world_size", size, size && *size == -1, "an integer >= 1");
+             refuse_unset("local_rank", local_rank, local_rank && *local_rank == -1,
+                          "an integer in [0, local_world_size)");
+             refuse_unset("local_world_size", local_size, local_size && *local_size == -1,
+                          "an integer in [1, world_size]");
+             refuse_unset("slots", slots, slots && *slots <= 0, "an integer >= 2");
+             refuse_unset("slot_bytes", slot_bytes, slot_bytes && *slot_bytes <= 0,
+                          "a multiple of 4096 in [4096, 2^30]");
              Options o;
              o.rank = rank.value_or(-1);
              o.world_size = size.value_or(-1);
              o.job_id = job_id.value_or("");
              o.local_rank = local_rank.value_or(-1);
              o.local_world_size = local_size.value_or(-1);
-             o.slots = slots.value_or(0);
-             o.slot_bytes = slot_bytes.value_or(0);
+             o.slots = static_cast<std::size_t>(slots.value_or(0));
+             o.slot_bytes = static_cast<std::size_t>(slot_bytes.value_or(0));
              o.threads = threads.value_or(0);
              o.timeout_s = timeout.value_or(0);
              // Attaching waits for every rank: let other threads run meanwhile

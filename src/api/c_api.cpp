@@ -165,6 +165,15 @@ shmring_result_t shmring_comm_init(shmring_comm_t* comm, int rank, int size, con
     t_last_error = "shmring_comm_init: job_id is NULL";
     return SHMRING_ERR_INVALID_ARGUMENT;
   }
+  // -1 is Options' "not given": here it would read as "rank missing" (or
+  // send both to the environment), so the explicit form checks its own.
+  if (size < 1 || rank < 0 || rank >= size) {
+    t_last_error = fmt::format(
+        "shmring_comm_init: rank={}, size={}: expected size >= 1 and rank in [0, size) "
+        "(shmring_comm_init_from_env reads them from the launcher)",
+        rank, size);
+    return SHMRING_ERR_INVALID_ARGUMENT;
+  }
   return guarded(nullptr, [&] {
     shmring::Options o;
     o.rank = rank;

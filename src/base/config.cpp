@@ -338,14 +338,15 @@ namespace {
 void resolve_identity_impl(const Options& o, Config& c, std::string* deferred) {
   constexpr long long kMaxRanks = 4096;
   std::string launcher = "options";
-  if (o.rank >= 0 || o.world_size >= 0) {
+  if (o.rank != -1 || o.world_size != -1) {
     // One of the two given: the other is missing, not -1 (its "unset" value).
-    if (o.world_size < 0)
+    // Any other value is checked below (rank=-5 names itself).
+    if (o.world_size == -1)
       throw InvalidArgumentError(
           fmt::format("rank={} given but no world_size: pass both, or neither (then the launcher's "
                       "variables or SHMRING_RANK and SHMRING_WORLD_SIZE say)",
                       o.rank));
-    if (o.rank < 0)
+    if (o.rank == -1)
       throw InvalidArgumentError(
           fmt::format("world_size={} given but no rank: pass both, or neither (then the launcher's "
                       "variables or SHMRING_RANK and SHMRING_WORLD_SIZE say)",
@@ -413,9 +414,25 @@ void resolve_identity_impl(const Options& o, Config& c, std::string* deferred) {
           "srun, or set SHMRING_RANK and SHMRING_WORLD_SIZE (and SHMRING_JOB_ID), or pass them "
           "explicitly (shmring::Options, shmring_comm_init)");
   }
-  if (o.rank >= 0) {
-    c.local_rank = o.local_rank >= 0 ? o.local_rank : c.rank;
-    c.local_world_size = o.local_world_size >= 1 ? o.local_world_size : c.world_size;
+  if (o.rank != -1) {
+    // Checked as the launchers' variables are (-1: not given).
+    if (o.local_world_size != -1 && (o.local_world_size < 1 || o.local_world_size > c.world_size))
+      throw InvalidArgumentError(
+          fmt::format("local_world_size={}: expected an integer in [1, {}] (at most world_size), "
+                      "or -1 for world_size",
+                      o.local_world_size, c.world_size));
+    c.local_world_size = o.local_world_size != -1 ? o.local_world_size : c.world_size;
+    if (o.local_rank != -1 && (o.local_rank < 0 || o.local_rank >= c.local_world_size))
+      throw InvalidArgumentError(
+          fmt::format("local_rank={}: expected an integer in [0, {}) (below local_world_size={}), "
+                      "or -1 for rank",
+                      o.local_rank, c.local_world_size, c.local_world_size));
+    if (o.local_rank == -1 && c.rank >= c.local_world_size)
+      throw InvalidArgumentError(
+          fmt::format("local_world_size={} given but no local_rank, and rank={} is not below it: "
+                      "pass local_rank too",
+                      c.local_world_size, c.rank));
+    c.local_rank = o.local_rank != -1 ? o.local_rank : c.rank;
   }
   if (c.local_world_size < 1) c.local_world_size = c.world_size;
 

@@ -200,8 +200,27 @@ static void run_one_bad_enum(int rank, const char* job) {
   }
 }
 
+/* shmring_comm_init's explicit rank and size: -1 is no "from the
+ * environment" there, and every bad pair names both values. */
+static int check_bad_init(int rank, int size) {
+  shmring_comm_t comm = (shmring_comm_t)&comm;
+  char want[64];
+  const char* msg;
+  shmring_result_t r = shmring_comm_init(&comm, rank, size, "c-bad-init");
+  msg = shmring_get_last_error(NULL);
+  snprintf(want, sizeof want, "rank=%d, size=%d: expected", rank, size);
+  if (r != SHMRING_ERR_INVALID_ARGUMENT || comm != NULL || strstr(msg, want) == NULL) {
+    fprintf(stderr, "shmring_comm_init(%d, %d): expected \"%s\" (invalid argument), got %d: %s\n",
+            rank, size, want, (int)r, msg);
+    return 1;
+  }
+  return 0;
+}
+
 int main(void) {
-  int failed = run_forked_ranks(kRanks, "c-null-all", run_all_null);
+  int failed = check_bad_init(-1, 2) | check_bad_init(-1, -1) | check_bad_init(0, 0) |
+               check_bad_init(2, 2) | check_bad_init(-5, 3);
+  failed |= run_forked_ranks(kRanks, "c-null-all", run_all_null);
   failed |= run_forked_ranks(kRanks, "c-null-one", run_one_null);
   failed |= run_forked_ranks(kRanks, "c-null-one-nb", run_one_null_nb);
   failed |= run_forked_ranks(kRanks, "c-null-req", run_one_null_req);

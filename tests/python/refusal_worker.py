@@ -115,6 +115,13 @@ def cases(size):
             lambda c: c.alltoallv(values(c.rank, size * n), [n] * size,
                                   np.empty(size * n, np.float32), [n] * size),
             shmring.InvalidArgumentError, ["rank 1", "alltoallv", f"{size + 1} entries"]),
+        "alltoallv_count_past_int64": (
+            lambda c: c.alltoallv(values(c.rank, size * n), [2**64] + [n] * (size - 1),
+                                  np.empty(size * n, np.float32), [n] * size),
+            lambda c: c.alltoallv(values(c.rank, size * n), [n] * size,
+                                  np.empty(size * n, np.float32), [n] * size),
+            shmring.InvalidArgumentError,
+            ["rank 1", "alltoallv", "send_counts[0]=18446744073709551616 is too large"]),
         "alltoallv_block_outside": (
             lambda c: c.alltoallv(values(c.rank, size * n), [n] * size,
                                   np.empty(size * n - 1, np.float32), [n] * size),

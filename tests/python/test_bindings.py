@@ -200,6 +200,19 @@ def test_exception_hierarchy():
     (dict(rank=0, size=1, threads=-2), r"\bthreads=-2: expected"),
     (dict(rank=0), r"rank=0 given but no world_size"),
     (dict(size=2), r"world_size=2 given but no rank"),
+    # -1 is Options' "not given": written by the caller, it is named, not
+    # read as a missing rank (or the environment's slots).
+    (dict(rank=-1, size=1), r"\brank=-1: expected"),
+    (dict(rank=-5, size=2), r"\brank=-5: expected an integer in \[0, 2\)"),
+    (dict(rank=0, size=-1), r"\bworld_size=-1: expected"),
+    (dict(rank=0, size=1, slots=-1), r"\bslots=-1: expected"),
+    (dict(rank=0, size=1, slots=0), r"\bslots=0: expected"),
+    (dict(rank=0, size=1, slot_bytes=0), r"\bslot_bytes=0: expected"),
+    # Explicit local values are checked as the launchers' variables are.
+    (dict(rank=0, size=1, local_rank=5), r"\blocal_rank=5: expected an integer in \[0, 1\)"),
+    (dict(rank=0, size=1, local_rank=-1), r"\blocal_rank=-1: expected"),
+    (dict(rank=0, size=1, local_world_size=3), r"\blocal_world_size=3: expected"),
+    (dict(rank=1, size=2, local_world_size=1), r"local_world_size=1 given but no local_rank"),
 ])
 def test_bad_constructor_arguments(job_id, kwargs, message):
     kwargs.setdefault("job_id", job_id)
