@@ -150,8 +150,17 @@ void BufferView::acquire(py::handle obj, const char* what, bool writable) {
 void BufferView::acquire_buffer(py::handle obj, const char* what, bool writable) {
   // Ask for strides and format without demanding contiguity or writability,
   // so that we can say which of the two is missing.
-  if (PyObject_GetBuffer(obj.ptr(), &py_buffer_, PyBUF_STRIDES | PyBUF_FORMAT) != 0)
-    throw py::error_already_set();
+  if (PyObject_GetBuffer(obj.ptr(), &py_buffer_, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
+    // The exporter refused (numpy: "cannot include dtype 'M' in a buffer"
+    // for datetime64): its words, in shmring's error.
+    py::error_already_set e;
+    const std::string dtype_said = dtype_words(obj);
+    throw InvalidArgumentError(
+        fmt::format("{}: the {} {}cannot be read through the buffer protocol ({}: {}); expected {}",
+                    what, type_name(obj), dtype_said.empty() ? "" : "with " + dtype_said,
+                    py::str(e.type().attr("__name__")).cast<std::string>(),
+                    py::str(e.value()).cast<std::string>(), kSupportedTypes));
+  }
   has_py_buffer_ = true;
   const Py_buffer& b = py_buffer_;
   if (writable && b.readonly)
@@ -165,11 +174,19 @@ void BufferView::acquire_buffer(py::handle obj, const char* what, bool writable)
                     "(pass a contiguous array, e.g. numpy.ascontiguousarray)",
                     what, type_name(obj)));
   auto dtype = datatype_of_format(b.format, b.itemsize);
-  if (!dtype)
-    throw InvalidArgumentError(
-        fmt::format("{}: the {} has {}(element format '{}', {} byte{}); expected {}", what,
-                    type_name(obj), dtype_words(obj), b.format ? b.format : "B", b.itemsize,
-                    b.itemsize == 1 ? "" : "s", kSupportedTypes));
+  if (!dtype) {
+    // "dtype int16 (element format 'h', 2 bytes)" where the object names a
+    // dtype, "elements of format 'h' (2 bytes)" where it does not
+    // (array.array, memoryview).
+    const std::string dtype_said = dtype_words(obj);
+    const std::string size = fmt::format("{} byte{}", b.itemsize, b.itemsize == 1 ? "" : "s");
+    const char* format = b.format ? b.format : "B";
+    throw InvalidArgumentError(fmt::format(
+        "{}: the {} has {}; expected {}", what, type_name(obj),
+        dtype_said.empty() ? fmt::format("elements of format '{}' ({})", format, size)
+                           : fmt::format("{}(element format '{}', {})", dtype_said, format, size),
+        kSupportedTypes));
+  }
   dtype_ = *dtype;
   data_ = b.buf;
   count_ = static_cast<std::size_t>(b.len / b.itemsize);

@@ -42,10 +42,14 @@ T from_py(py::object obj, const char* what) {
         // pybind11 casts None to a class type by throwing reference_cast_error,
         // which its dispatcher takes for "try the next overload" (misbound).
         if (obj.is_none()) throw py::cast_error();
+      // A bool is an int to Python but never a rank, tag or color (root=True
+      // would be root 1), as count lists refuse it.
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        if (py::isinstance<py::bool_>(obj)) throw py::cast_error();
       return obj.cast<T>();
     } catch (const py::cast_error&) {
       if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
-        if (PyIndex_Check(obj.ptr()))  // an int, but too big for T
+        if (PyIndex_Check(obj.ptr()) && !py::isinstance<py::bool_>(obj))  // too big for T
           throw InvalidArgumentError(
               fmt::format("{}: an argument is {} {}, out of range (expected {}..{})", what,
                           type_name(obj), py::repr(obj).cast<std::string>(),

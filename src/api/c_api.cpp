@@ -80,10 +80,11 @@ int raw_enum(const E& e) {
 
 // The C enums are ints, shmring::DataType and ReduceOp 8-bit: a plain cast
 // would wrap 256 to float32 (and 257 to float64, past the caller's buffer).
-// Values outside 0..255 are refused before the cast (SHMRING_REQUIRE_ENUM),
-// naming the value passed; the front checks the rest (8..255 name the same
-// value there). A collective's refusal goes through reject_call, so that
-// its peers fail at once; a point-to-point call's stays on this rank.
+// Every value past the last enumerator is refused before the cast
+// (SHMRING_REQUIRE_ENUM), naming the value passed and the C type, so that
+// 99 and 256 read alike. A collective's refusal goes through reject_call,
+// so that its peers fail at once; a point-to-point call's stays on this
+// rank.
 shmring_result_t bad_enum(shmring_comm_t comm, const char* fn, const char* what, long long value,
                           int last) {
   std::string_view name(fn);
@@ -100,7 +101,7 @@ shmring_result_t bad_enum(shmring_comm_t comm, const char* fn, const char* what,
 }
 
 #define SHMRING_REQUIRE_ENUM(c, value, what, last, req)        \
-  if (raw_enum(value) < 0 || raw_enum(value) > 255) {          \
+  if (raw_enum(value) < 0 || raw_enum(value) > (last)) {       \
     shmring_request_t* r_ = (req);                             \
     if (r_ != nullptr) *r_ = nullptr;                          \
     return bad_enum(c, __func__, what, raw_enum(value), last); \
@@ -110,7 +111,7 @@ shmring_result_t bad_enum(shmring_comm_t comm, const char* fn, const char* what,
 #define SHMRING_REQUIRE_OP(c, o, req) \
   SHMRING_REQUIRE_ENUM(c, o, "reduce op", static_cast<int>(SHMRING_AVG), req)
 
-// 0..255 here (SHMRING_REQUIRE_*): the front names what is not an enumerator.
+// An enumerator here (SHMRING_REQUIRE_*).
 shmring::DataType dt(shmring_datatype_t d) {
   return static_cast<shmring::DataType>(raw_enum(d));
 }

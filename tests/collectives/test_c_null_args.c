@@ -154,14 +154,15 @@ static void run_one_null_split(int rank, const char* job) {
 }
 
 /* Enum values that an 8-bit cast would wrap to valid ones (256 -> float32 /
- * sum, 257 -> float64): rank kBad passes them, one case per communicator
+ * sum, 257 -> float64), and one inside 8 bits (99), named by the C type
+ * alike: rank kBad passes them, one case per communicator
  * (a refusal breaks it), blocking and i-form; it gets InvalidArgumentError
  * naming the value it passed, the peers a mismatch naming it. A send's bad
  * datatype stays on the sender. */
 static void run_one_bad_enum(int rank, const char* job) {
   float in[4] = {1, 2, 3, 4}, out[4] = {0};
   int k;
-  for (k = 0; k < 4; ++k) {
+  for (k = 0; k < 5; ++k) {
     shmring_comm_t comm = NULL;
     shmring_request_t req = NULL;
     shmring_result_t r = SHMRING_SUCCESS;
@@ -180,9 +181,12 @@ static void run_one_bad_enum(int rank, const char* job) {
       } else if (k == 2) {
         r = shmring_broadcast(in, 4, (shmring_datatype_t)-1, 0, comm);
         want = "datatype -1 is not";
-      } else {
+      } else if (k == 3) {
         r = shmring_send(in, 4, (shmring_datatype_t)257, 0, 0, comm);
         want = "send: datatype 257 is not";
+      } else {
+        r = shmring_allreduce(in, out, 4, (shmring_datatype_t)99, SHMRING_SUM, comm);
+        want = "datatype 99 is not a shmring_datatype_t (0..7)";
       }
       CHECK(r == SHMRING_ERR_INVALID_ARGUMENT);
       CHECK(strstr(shmring_get_last_error(comm), want) != NULL);
@@ -193,6 +197,8 @@ static void run_one_bad_enum(int rank, const char* job) {
       check_peer_told(comm, shmring_wait(&req));
     } else if (k == 2) {
       check_peer_told(comm, shmring_broadcast(in, 4, SHMRING_FLOAT32, 0, comm));
+    } else if (k == 4) {
+      check_peer_told(comm, shmring_allreduce(in, out, 4, SHMRING_FLOAT32, SHMRING_SUM, comm));
     }
     /* k == 3: the send was refused locally; every rank is still usable. */
     if (k == 3) CHECK_OK(shmring_allreduce(in, out, 4, SHMRING_FLOAT32, SHMRING_SUM, comm));

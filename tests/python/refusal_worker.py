@@ -100,6 +100,10 @@ def cases(size):
             lambda c: c.broadcast(values(c.rank, n), root=None),
             lambda c: c.broadcast(values(c.rank, n), root=0),
             TypeError, ["None", "int"]),
+        "root_bool": (
+            lambda c: c.broadcast(values(c.rank, n), root=False),
+            lambda c: c.broadcast(values(c.rank, n), root=0),
+            TypeError, ["rank 1", "an argument is bool False, expected an int"]),
         "reduce_out_size": (
             lambda c: c.reduce(values(c.rank, n), root=BAD_RANK,
                                out=np.empty(n - 1, dtype=np.float32)),

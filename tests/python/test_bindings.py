@@ -4,6 +4,8 @@ A one-rank communicator makes allreduce the identity, which is enough to
 check how buffers are taken; values across ranks are test_multi_rank.py's.
 """
 
+import array
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,20 @@ def test_unsupported_numpy_dtype(comm, bad):
     with pytest.raises(ValueError, match=rf"has dtype {bad.dtype} \(element format .*expected "
                                          r"float32"):
         comm.allreduce(bad)
+
+
+def test_unsupported_buffers_are_named_in_shmrings_words(comm):
+    # numpy cannot export datetime64 through the buffer protocol: its reason
+    # comes inside shmring's error (a rank, what is expected), not bare.
+    with pytest.raises(shmring.InvalidArgumentError,
+                       match=r"rank 0: .*ndarray with dtype datetime64\[s\] cannot be read .*"
+                             r"cannot include dtype 'M'.*expected float32"):
+        comm.allreduce(np.zeros(3, "datetime64[s]"))
+    # An object without a dtype is described by its format alone.
+    with pytest.raises(shmring.InvalidArgumentError,
+                       match=r"the array has elements of format 'h' \(2 bytes\); expected"):
+        comm.allreduce(array.array("h", [1, 2]))
+    comm.allreduce(np.ones(2, np.float32))  # still usable
 
 
 @needs_torch
