@@ -182,6 +182,32 @@ class PyRequest {
 extern thread_local bool t_core_reached;
 
 // Runs one collective: blocking (GIL released, one-thread guard), or started
+// The wait check (shmring::set_wait_check) of the blocking calls: Python
+// runs its signal handlers only when the waiting thread returns to it, so
+// without it Ctrl-C (KeyboardInterrupt) would wait for the peer or for
+// SHMRING_TIMEOUT. A handler that raises (PyErr_CheckSignals) aborts the
+// job; its exception stays set for run_interruptible. Takes the GIL.
+std::string python_signals_raised();
+
+// Runs `f` (a blocking call) with the GIL released and python_signals_raised
+// as this thread's wait check. A Python exception that a signal handler
+// raised meanwhile is the one the caller gets, not the AbortedError it
+// caused (the peers get that one, naming the signal).
+template <class F>
+void run_interruptible(F&& f) {
+  struct Checked {
+    WaitCheck before = set_wait_check(&python_signals_raised);
+    ~Checked() { set_wait_check(before); }
+  } checked;
+  try {
+    py::gil_scoped_release release;
+    f();
+  } catch (const Error&) {
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    throw;
+  }
+}
+
 // with async_op, giving a shmring.Request that holds `held` until complete.
 template <class Blocking, class Start>
 py::object dispatch(PyCommunicator& self, const char* what, bool async_op, Held& held,
@@ -196,10 +222,7 @@ py::object dispatch(PyCommunicator& self, const char* what, bool async_op, Held&
     Request r = start(comm);
     return py::cast(std::make_unique<PyRequest>(std::move(r), std::move(held), std::move(result)));
   }
-  {
-    py::gil_scoped_release release;
-    blocking(comm);
-  }
+  run_interruptible([&] { blocking(comm); });
   return result;
 }
 

@@ -209,8 +209,7 @@ template <class F>
 void run_collective(PyCommunicator& self, const char* what, F&& f) {
   Communicator& comm = self.get();
   PyCommunicator::Busy busy(self, what);
-  py::gil_scoped_release release;
-  f(comm);
+  run_interruptible([&] { f(comm); });
 }
 
 // split as a collective entry point (ranked()): a color or key of the wrong
@@ -268,6 +267,14 @@ std::string keyword_names(std::string message) {
 }
 
 }  // namespace
+
+std::string python_signals_raised() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return {};
+  PyObject* type = PyErr_Occurred();
+  return fmt::format("interrupted by a signal ({}) while waiting in a collective",
+                     type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "?");
+}
 
 void bind_communicator(py::module_& m) {
   py::class_<PyCommunicator>(m, "Communicator", R"doc(

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "base/log.hpp"
 #include "base/placement.hpp"
@@ -114,8 +116,24 @@ std::string CommState::describe(const CollectiveDesc& d) const {
   return s + ")";
 }
 
+namespace {
+thread_local WaitCheck t_wait_check = nullptr;
+}  // namespace
+
+WaitCheck set_wait_check(WaitCheck check) noexcept {
+  return std::exchange(t_wait_check, check);
+}
+
 void CommState::check_progress(int peer, const char* what, Clock::time_point deadline,
                                const detail::Counter& counter, std::uint64_t target) {
+  // The caller's check (set_wait_check): a reason aborts the job, which the
+  // read below then raises on this rank as on the others.
+  if (t_wait_check != nullptr && !detail::t_helper_thread) {
+    const std::string why = t_wait_check();
+    if (!why.empty())
+      detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::aborted), rank,
+                          fmt::format("rank {}: aborted the job: {}", rank, why));
+  }
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   // Settling a refusal (settle_refusal), no call is in flight: the
   // awaited collective is the refused one.

@@ -534,6 +534,53 @@ TEST_CASE("a forked child cannot use its parent's requests or engine, and does n
   CHECK(test::all_zero(st));
 }
 
+// set_wait_check: the caller's check runs in its blocking call's waits
+// (on its own thread, not the progress thread's), and a reason it returns
+// aborts the job.
+namespace {
+std::atomic<int> g_checks{0};
+std::string stop_after_third_check() {
+  return ++g_checks >= 3 ? std::string("stopped by the wait check") : std::string();
+}
+}  // namespace
+
+TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and aborts the job") {
+  auto st = test::run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    if (comm.rank() == 0) {
+      SHMRING_CHILD_CHECK(set_wait_check(&stop_after_third_check) == nullptr, "a check was set");
+      auto t0 = Clock::now();
+      std::string what;
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>(
+                              [&] {
+                                comm.allreduce(buf.data(), buf.data(), buf.size(),
+                                               DataType::float32, ReduceOp::sum);
+                              },
+                              &what),
+                          "no AbortedError");
+      SHMRING_CHILD_CHECK(set_wait_check(nullptr) == &stop_after_third_check, "check lost");
+      SHMRING_CHILD_CHECK(
+          what.find("rank 0: aborted the job: stopped by the wait check") != std::string::npos,
+          "message: %s", what.c_str());
+      SHMRING_CHILD_CHECK(g_checks.load() == 3, "%d checks", g_checks.load());
+      SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      std::string what;
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>(
+                              [&] {
+                                comm.allreduce(buf.data(), buf.data(), buf.size(),
+                                               DataType::float32, ReduceOp::sum);
+                              },
+                              &what),
+                          "rank 1 not aborted");
+      SHMRING_CHILD_CHECK(what.find("stopped by the wait check") != std::string::npos,
+                          "message: %s", what.c_str());
+    }
+  });
+  CHECK(test::all_zero(st));
+}
+
 TEST_CASE("abort() from another thread ends a request waiting for a peer that never comes") {
   auto st = test::run_ranks(2, [](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);

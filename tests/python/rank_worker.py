@@ -7,6 +7,7 @@ the reason on stderr.
 """
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -249,6 +250,38 @@ def scenario_timeout(comm):
             pass  # Aborted by rank 0's timeout (or timed out itself).
         else:
             raise AssertionError("a late rank completed an allreduce its peer gave up on")
+
+
+def scenario_interrupt(comm):
+    # Ctrl-C while rank 0 waits for a late peer: its KeyboardInterrupt comes
+    # within about a wait-check period, not after the timeout (60 s here),
+    # and the peer's next collective fails naming it.
+    if comm.rank == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        try:
+            comm.allreduce(np.ones(10, dtype=np.float32))
+        except KeyboardInterrupt:
+            took = time.monotonic() - start
+            check(took < 3.0, f"KeyboardInterrupt {took:.2f} s into the allreduce (signal at 0.5 s)")
+        else:
+            raise AssertionError("the allreduce returned, or raised something else")
+        # The communicator is aborted by the interrupt.
+        try:
+            comm.barrier()
+        except shmring.AbortedError as e:
+            check("interrupted by a signal (KeyboardInterrupt)" in str(e), str(e))
+        else:
+            raise AssertionError("no AbortedError after the interrupt")
+    else:
+        time.sleep(4)
+        try:
+            comm.allreduce(np.ones(10, dtype=np.float32))
+        except shmring.AbortedError as e:
+            check("rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)" in str(e),
+                  str(e))
+        else:
+            raise AssertionError("the peer's allreduce ran after rank 0 was interrupted")
 
 
 def scenario_gil(comm):

@@ -32,6 +32,13 @@ def test_timeout_maps_to_timeout_error():
     assert_all_ok(run_ranks("timeout", 2, per_rank_env={0: {"WORKER_TIMEOUT": "2"}}))
 
 
+def test_ctrl_c_ends_a_wait_on_a_peer():
+    """SIGINT while a blocking allreduce waits for a late peer raises
+    KeyboardInterrupt at once, not after the timeout; the peer's collective
+    fails with AbortedError naming the interrupt."""
+    assert_all_ok(run_ranks("interrupt", 2))
+
+
 def test_gil_released_during_collective():
     """A second Python thread runs (and runs a collective on a second
     communicator) while the first waits inside allreduce."""
