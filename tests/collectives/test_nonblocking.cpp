@@ -547,17 +547,14 @@ std::string stop_after_third_check() {
 TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and aborts the job") {
   auto st = test::run_ranks(2, [](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);
+    auto allreduce = [&] {
+      comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::float32, ReduceOp::sum);
+    };
+    std::string what;
     if (comm.rank() == 0) {
       SHMRING_CHILD_CHECK(set_wait_check(&stop_after_third_check) == nullptr, "a check was set");
       auto t0 = Clock::now();
-      std::string what;
-      SHMRING_CHILD_CHECK(throws_as<AbortedError>(
-                              [&] {
-                                comm.allreduce(buf.data(), buf.data(), buf.size(),
-                                               DataType::float32, ReduceOp::sum);
-                              },
-                              &what),
-                          "no AbortedError");
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>(allreduce, &what), "no AbortedError");
       SHMRING_CHILD_CHECK(set_wait_check(nullptr) == &stop_after_third_check, "check lost");
       SHMRING_CHILD_CHECK(
           what.find("rank 0: aborted the job: stopped by the wait check") != std::string::npos,
@@ -566,14 +563,7 @@ TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and abor
       SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      std::string what;
-      SHMRING_CHILD_CHECK(throws_as<AbortedError>(
-                              [&] {
-                                comm.allreduce(buf.data(), buf.data(), buf.size(),
-                                               DataType::float32, ReduceOp::sum);
-                              },
-                              &what),
-                          "rank 1 not aborted");
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>(allreduce, &what), "rank 1 not aborted");
       SHMRING_CHILD_CHECK(what.find("stopped by the wait check") != std::string::npos,
                           "message: %s", what.c_str());
     }
