@@ -181,7 +181,6 @@ class PyRequest {
 // through Communicator::reject_call, so the peers fail fast too.
 extern thread_local bool t_core_reached;
 
-// Runs one collective: blocking (GIL released, one-thread guard), or started
 // The wait check (shmring::set_wait_check) of the blocking calls: Python
 // runs its signal handlers only when the waiting thread returns to it, so
 // without it Ctrl-C (KeyboardInterrupt) would wait for the peer or for
@@ -208,6 +207,7 @@ void run_interruptible(F&& f) {
   }
 }
 
+// Runs one collective: blocking (GIL released, one-thread guard), or started
 // with async_op, giving a shmring.Request that holds `held` until complete.
 template <class Blocking, class Start>
 py::object dispatch(PyCommunicator& self, const char* what, bool async_op, Held& held,
