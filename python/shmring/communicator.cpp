@@ -319,21 +319,21 @@ until the timeout; refused alike on every rank, the communicator stays usable.
              // -1 (and 0 for slots, slot_bytes) is what Options reads as "not
              // given": a caller who wrote it gets an error naming it, not the
              // environment's value or a message about another argument.
-             auto refuse_unset = [](const char* name, auto value, bool bad, const char* expected) {
-               if (value && bad)
+             // `given_bad`: the keyword was given and its value is one of those.
+             auto refuse = [](const char* name, auto value, bool given_bad, const char* expected) {
+               if (given_bad)
                  throw InvalidArgumentError(
                      fmt::format("{}={}: expected {}", name, *value, expected));
              };
-             const char* rank_range = "an integer in [0, world_size)";
-             refuse_unset("rank", rank, rank && *rank == -1, rank_range);
-             refuse_unset("world_size", size, size && *size == -1, "an integer >= 1");
-             refuse_unset("local_rank", local_rank, local_rank && *local_rank == -1,
-                          "an integer in [0, local_world_size)");
-             refuse_unset("local_world_size", local_size, local_size && *local_size == -1,
-                          "an integer in [1, world_size]");
-             refuse_unset("slots", slots, slots && *slots <= 0, "an integer >= 2");
-             refuse_unset("slot_bytes", slot_bytes, slot_bytes && *slot_bytes <= 0,
-                          "a multiple of 4096 in [4096, 2^30]");
+             refuse("rank", rank, rank == -1, "an integer in [0, world_size)");
+             refuse("world_size", size, size == -1, "an integer >= 1");
+             refuse("local_rank", local_rank, local_rank == -1,
+                    "an integer in [0, local_world_size)");
+             refuse("local_world_size", local_size, local_size == -1,
+                    "an integer in [1, world_size]");
+             refuse("slots", slots, slots && *slots <= 0, "an integer >= 2");
+             refuse("slot_bytes", slot_bytes, slot_bytes && *slot_bytes <= 0,
+                    "a multiple of 4096 in [4096, 2^30]");
              Options o;
              o.rank = rank.value_or(-1);
              o.world_size = size.value_or(-1);
