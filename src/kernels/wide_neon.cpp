@@ -55,6 +55,9 @@ constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "neon";
 constexpr bool kDirectedRounding = false;  // no rounding in the instruction
 constexpr bool kFloat16Pairs = false;      // pair_sum_float32's loop serves float16
+// The span check, not the FPU's flags (FPSR's cumulative inexact flag
+// could serve as MXCSR's does on x86; not measured on an Arm core).
+constexpr bool kInexactFlag = false;
 
 // 8 16-bit encodings.
 using H = uint16x8_t;

@@ -32,7 +32,9 @@
 // argument), so those steps run 16 (8) float32 lanes a vector instead of
 // 8 (4) float64 ones. Many inputs summed (or averaged) take float32 too,
 // vector by vector, where the inputs' exponent span (AVX2) or a pair of
-// sums rounded down and up (AVX-512) proves the float32 sum exact
+// sums rounded down and up (AVX-512) proves the float32 sum exact;
+// bfloat16 (and float16 with AVX2) first tries MXCSR's flags, chunk by
+// chunk (InexactWatch below)
 // (docs/design/accuracy.md, "Many 16-bit inputs in float32"). The
 // tails of fewer than one vector go to the portable loops.
 
@@ -58,6 +60,48 @@ namespace {
 
 struct Add {};
 struct Mul {};
+
+// MXCSR as the flag-checked many-input sums of kernels/wide_loops.inc want
+// it: every exception masked, round to nearest even, denormals kept (no
+// flush-to-zero, no denormals-are-zero), no flag raised.
+constexpr unsigned kMxcsrClean = 0x1f80;
+// The flags an add that did not give the exact sum raises: precision
+// (inexact), underflow, overflow, invalid (inf - inf) and divide-by-zero;
+// not the denormal-operand flag, which an exact add of a subnormal raises.
+constexpr unsigned kMxcsrNotExact = 0x20 | 0x10 | 0x08 | 0x04 | 0x01;
+
+// This thread's MXCSR for the life of the object: kMxcsrClean from the
+// constructor on, the caller's own (mode and sticky flags) back at the
+// destructor. clear() lowers the flags; raised() says whether an
+// operation since then was not exact. The memory clobbers order the two
+// against the loads and stores around them: the flag-checked loop stores
+// every sum before it reads the flags, so no add can move past raised().
+// The instructions are those of SSE; every set here has them.
+class InexactWatch {
+ public:
+  InexactWatch() : saved_(read()) { clear(); }
+  ~InexactWatch() { write(saved_); }
+  InexactWatch(const InexactWatch&) = delete;
+  InexactWatch& operator=(const InexactWatch&) = delete;
+
+  void clear() { write(kMxcsrClean); }
+  bool raised() const { return (read() & kMxcsrNotExact) != 0; }
+
+ private:
+  static unsigned read() {
+    unsigned v;
+    asm volatile("stmxcsr %0" : "=m"(v) : : "memory");
+    return v;
+  }
+  static void write(unsigned v) { asm volatile("ldmxcsr %0" : : "m"(v) : "memory"); }
+  unsigned saved_;
+};
+
+// kernels/wide_loops.inc's dependent call for the watch (kInexactFlag).
+template <bool B>
+inline InexactWatch inexact_watch(std::bool_constant<B>) {
+  return InexactWatch{};
+}
 
 }  // namespace
 
@@ -124,6 +168,9 @@ inline __attribute__((always_inline)) F scale_f(F a, float r) {
 // rounding, whatever MXCSR says): where both give the same value, no
 // rounding happened (kernels/wide_loops.inc, the many-input sums).
 constexpr bool kDirectedRounding = true;
+
+// Exactness read from MXCSR's flags (InexactWatch above).
+constexpr bool kInexactFlag = true;
 
 // As b * 1 + a: the exact product is b, so the one rounding is that of
 // a + b, signed zeros, inf and NaN included. A Zen 4 core issues FMAs on
@@ -430,6 +477,7 @@ constexpr std::size_t kLanes = 8;
 constexpr const char* kIsa = "avx2";
 constexpr bool kDirectedRounding = false;  // no rounding in the instruction
 constexpr bool kFloat16Pairs = false;      // pair_sum_float32's loop serves float16
+constexpr bool kInexactFlag = true;        // InexactWatch above
 
 struct V {
   __m256d lo, hi;

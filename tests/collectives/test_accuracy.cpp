@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "harness.hpp"
 #include "kernels/wide.hpp"
 #include "kernels/wide_kernels.hpp"
@@ -876,6 +880,62 @@ void check_random_mixes(Communicator& comm, std::size_t count, std::uint64_t see
 }
 
 }  // namespace
+
+// The x86 tables sum chunks of many-input blocks in float32 and read
+// MXCSR's flags for exactness (kernels/wide_loops.inc, flag_checked_sums).
+// A quiet NaN input raises no flag, so a chunk whose other adds are all
+// exact still holds one: its result must be the default NaN, as the
+// portable loops give, not the input's payload. Lengths cover the short
+// first chunk, a long one and a tail; the NaN sits in each of them, and
+// the caller's MXCSR (here flush-to-zero and denormals-are-zero, which
+// would lose subnormal inputs) comes back as it was.
+TEST_CASE("many-input sums: a quiet NaN in an otherwise exact chunk stores the default NaN") {
+  const detail::WideKernels& ref = detail::wide_kernels_portable();
+  for (const detail::WideKernels* k : wide_tables()) {
+    for (DataType t : {DataType::float16, DataType::bfloat16}) {
+      const bool bf = t == DataType::bfloat16;
+      const std::uint16_t qnan = bf ? 0x7fc5 : 0x7e05;  // quiet, with a payload
+      for (int nsrc : {3, 4, 7}) {
+        for (std::size_t len : {std::size_t{64}, std::size_t{1000}, std::size_t{2600}}) {
+          for (std::size_t at : {std::size_t{5}, len / 2 + 3, len - 1}) {
+            std::vector<std::vector<std::uint16_t>> src(nsrc, std::vector<std::uint16_t>(len));
+            std::vector<const void*> ptrs;
+            for (int q = 0; q < nsrc; ++q) {
+              for (std::size_t e = 0; e < len; ++e)  // small integers: every add exact
+                src[q][e] =
+                    encode16(t, static_cast<double>(static_cast<int>((e * 7 + q * 3) % 9) - 4));
+              ptrs.push_back(src[q].data());
+            }
+            src[static_cast<std::size_t>(nsrc) / 2][at] = qnan;
+            std::vector<std::uint16_t> got(len), want(len);
+            for (int form : {0, 2}) {
+              const double q = form == 2 ? 4.0 : 1.0;  // avg by 4: the reciprocal path
+#if defined(__x86_64__)
+              const unsigned caller = (_mm_getcsr() & ~0x3fu) | 0x8040;  // FTZ, DAZ
+              _mm_setcsr(caller);
+#endif
+              k->many[bf][form](got.data(), ptrs.data(), nsrc, len, q);
+#if defined(__x86_64__)
+              // Its mode comes back; its sticky flags may gain some, as
+              // from any floating-point code.
+              const unsigned after = _mm_getcsr() & ~0x3fu;
+              _mm_setcsr(0x1f80);
+              CHECK_MESSAGE(after == caller, std::string(k->isa), ": MXCSR mode 0x", std::hex,
+                            caller, " came back as 0x", after);
+#endif
+              ref.many[bf][form](want.data(), ptrs.data(), nsrc, len, q);
+              for (std::size_t j = 0; j < len; ++j)
+                REQUIRE_MESSAGE(got[j] == want[j], std::string(k->isa), " ", std::string(name(t)),
+                                " nsrc ", nsrc, " len ", len, form == 2 ? " avg" : " sum",
+                                " element ", j, ": 0x", std::hex, got[j], " want 0x", want[j]);
+              CHECK(want[at] == (bf ? 0x7fc0 : 0x7e00));
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST_CASE("case file, input 1: float16 avg of 4 x 30000 is 30000, not inf (count 5 and 2^20)") {
   for (const char* algo : {static_cast<const char*>(nullptr), "ring", "direct", "two_shot"}) {
