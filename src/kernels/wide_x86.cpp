@@ -72,10 +72,12 @@ constexpr unsigned kMxcsrNotExact = 0x20 | 0x10 | 0x08 | 0x04 | 0x01;
 
 // This thread's MXCSR for the life of the object: kMxcsrClean from the
 // constructor on, the caller's own (mode and sticky flags) back at the
-// destructor. clear() lowers the flags; raised() says whether an
+// destructor. clear() lowers the flags; raised(written) says whether an
 // operation since then was not exact. The memory clobbers order the two
-// against the loads and stores around them: the flag-checked loop stores
-// every sum before it reads the flags, so no add can move past raised().
+// against the loads and stores around them, and raised() takes the buffer
+// the sums were stored to as an input of its asm: the buffer counts as
+// read there even though its address never leaves the function, so every
+// store, and every add behind it, stays before the flags are read.
 // The instructions are those of SSE; every set here has them.
 class InexactWatch {
  public:
@@ -85,7 +87,11 @@ class InexactWatch {
   InexactWatch& operator=(const InexactWatch&) = delete;
 
   void clear() { write(kMxcsrClean); }
-  bool raised() const { return (read() & kMxcsrNotExact) != 0; }
+  bool raised(const void* written) const {
+    unsigned v;
+    asm volatile("stmxcsr %0" : "=m"(v) : "r"(written) : "memory");
+    return (v & kMxcsrNotExact) != 0;
+  }
 
  private:
   static unsigned read() {
