@@ -135,14 +135,16 @@ SHMRING_API std::uint64_t host_identity();
 /// string to go on waiting, or a reason, which aborts the communicator as
 /// Communicator::abort(reason) does (the call and every peer's fail with
 /// AbortedError carrying it). The Python binding sets one around each
-/// blocking call so that Ctrl-C ends a wait on a peer: Python runs its
-/// signal handlers only when the waiting thread returns to it.
+/// blocking call and Request.wait() so that Ctrl-C ends a wait on a peer:
+/// Python runs its signal handlers only when the waiting thread returns to
+/// it.
 using WaitCheck = std::string (*)();
 
 /// Installs `check` for the calling thread (nullptr removes it) and returns
-/// the one it replaces. It runs about every 10 ms once a wait on a peer has
-/// outlasted its spin and yield phases (about 2 ms), on this thread only,
-/// never on the progress thread, so a call that waits less never runs it.
+/// the one it replaces. It runs about every 10 ms once a wait on a peer, or
+/// Request::wait / wait_for_seconds, has outlasted its spin and yield phases
+/// (about 2 ms), on this thread only, never on the progress thread, so a
+/// call that waits less never runs it.
 /// It must not call into the communicator. Thread-local; no lock.
 SHMRING_API WaitCheck set_wait_check(WaitCheck check) noexcept;
 

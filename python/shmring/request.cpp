@@ -43,17 +43,26 @@ bool PyRequest::wait(std::optional<double> timeout) {
         "Request.wait: timeout=nan, expected a number of seconds (None: no limit)");
   bool done = true;
   try {
-    py::gil_scoped_release release;
-    if (timeout)
-      done = request_.wait_for_seconds(*timeout);
-    else
-      request_.wait();
+    // Ctrl-C (or any signal handler that raises) aborts the job, as in a
+    // blocking call: the wait then ends with the handler's exception.
+    run_interruptible([&] {
+      if (timeout)
+        done = request_.wait_for_seconds(*timeout);
+      else
+        request_.wait();
+    });
   } catch (...) {
     error_raised_ = true;
     release_buffers();
     throw;
   }
   if (done) release_buffers();
+  // The collective had finished before the abort reached it: the handler's
+  // exception still ends the wait.
+  if (PyErr_Occurred() != nullptr) {
+    error_raised_ = true;
+    throw py::error_already_set();
+  }
   return done;
 }
 
@@ -108,7 +117,10 @@ communicator's next call raises AbortedError quoting it.
 Blocks (GIL released) until the collective is complete and returns True, or
 raises its error. With `timeout` (seconds), returns False if it is still
 running then (the request stays pending); a negative timeout polls, as
-threading.Event.wait does; nan raises InvalidArgumentError.
+threading.Event.wait does; nan raises InvalidArgumentError. A signal handler
+that raises meanwhile (Ctrl-C: KeyboardInterrupt) aborts the job, as it does
+in a blocking call: wait() raises the handler's exception (within about
+10 ms), the peers AbortedError naming it.
 )doc")
       .def("is_completed", &PyRequest::is_completed,
            "True when complete (raises the collective's error if it failed); never blocks.")

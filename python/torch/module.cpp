@@ -16,6 +16,7 @@
 
 #include "process_group.hpp"
 #include "shmring/version.hpp"
+#include "work.hpp"
 
 namespace py = pybind11;
 using shmring::torch_backend::BackendBase;
@@ -41,6 +42,9 @@ PYBIND11_MODULE(_torch, m) {
                              " '" + ours + "' but torch with '" + theirs +
                              "': rebuild shmring against this torch");
   }
+
+  shmring::torch_backend::set_python_main_thread(
+      py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>());
 
   py::class_<ProcessGroupShmring, BackendBase, c10::intrusive_ptr<ProcessGroupShmring>>(
       m, "ProcessGroupShmring", R"doc(

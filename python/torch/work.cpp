@@ -1,15 +1,68 @@
 #include "work.hpp"
 
+#include <Python.h>
+#include <pythread.h>
+
 #include <ATen/core/jit_type.h>
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
 
+#include <atomic>
+#include <string>
 #include <system_error>
 
+#include "shmring/communicator.hpp"
 #include "shmring/error.hpp"
 
 namespace shmring::torch_backend {
+
+namespace {
+std::atomic<unsigned long> g_python_main{0};
+
+// The wait check (shmring::set_wait_check) of waits on Python's main thread:
+// runs the pending signal handlers (with the GIL, which torch's binding
+// released). One that raised gives the abort's reason; its exception is
+// cleared, since the wait's error, naming it, is what torch raises.
+std::string python_signals_raised() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return {};
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  std::string why;
+  if (PyErr_CheckSignals() != 0) {
+    PyObject* type = PyErr_Occurred();
+    why = std::string("interrupted by a signal (") +
+          (type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "?") +
+          ") while waiting in a collective";
+    PyErr_Clear();
+  }
+  PyGILState_Release(gil);
+  return why;
+}
+
+// Installs python_signals_raised for the scope, on Python's main thread only
+// (elsewhere PyErr_CheckSignals runs no handler, and taking the GIL every
+// 10 ms from autograd's threads would only cost).
+struct InterruptibleWait {
+  InterruptibleWait() {
+    const unsigned long main = g_python_main.load(std::memory_order_relaxed);
+    if (main != 0 && PyThread_get_thread_ident() == main) {
+      before = set_wait_check(&python_signals_raised);
+      installed = true;
+    }
+  }
+  ~InterruptibleWait() {
+    if (installed) set_wait_check(before);
+  }
+  InterruptibleWait(const InterruptibleWait&) = delete;
+  InterruptibleWait& operator=(const InterruptibleWait&) = delete;
+  WaitCheck before = nullptr;
+  bool installed = false;
+};
+}  // namespace
+
+void set_python_main_thread(unsigned long ident) {
+  g_python_main.store(ident, std::memory_order_relaxed);
+}
 
 WorkShmring::WorkShmring(int rank, ::c10d::OpType type, const char* profiling_title,
                          std::vector<at::Tensor> result)
@@ -64,6 +117,7 @@ bool WorkShmring::wait(std::chrono::milliseconds timeout) {
   // may give up and leave it to the completion threads).
   if (timeout == kNoTimeout) waited_.store(true, std::memory_order_release);
   try {
+    InterruptibleWait interruptible;
     if (timeout == kNoTimeout) {
       request_.wait();
     } else if (!request_.wait_for(timeout)) {

@@ -25,6 +25,12 @@
 
 namespace shmring::torch_backend {
 
+/// Records Python's main thread (threading.main_thread().ident), the one
+/// whose waits run Python's signal handlers (called once, at import).
+/// torch's Work.wait() binding releases the GIL, so without this Ctrl-C
+/// would wait for the peer or the timeout.
+void set_python_main_thread(unsigned long ident);
+
 class WorkShmring : public Work {
  public:
   /// `result` is what result() and the future's value give: the output
@@ -36,7 +42,10 @@ class WorkShmring : public Work {
   /// Blocks until the collective is complete and the result is in the
   /// caller's tensors; rethrows the collective's error (a shmring::Error,
   /// RuntimeError in Python). A non-zero timeout that passes first throws
-  /// (the collective keeps running).
+  /// (the collective keeps running). On Python's main thread, a signal
+  /// handler that raises meanwhile (Ctrl-C) aborts the job within about
+  /// 10 ms: the wait throws the abort, naming the handler's exception, and
+  /// the peers' collectives fail with it (shmring::set_wait_check).
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   std::vector<at::Tensor> result() override;
   /// Completed with result() (a list of tensors) or the collective's error.

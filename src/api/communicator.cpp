@@ -238,8 +238,7 @@ std::uint64_t Communicator::collective_count() const noexcept {
 void Communicator::abort(const std::string& reason) {
   Impl& c = *impl_;
   c.check_owner();
-  detail::raise_abort(*c.seg, c.size, static_cast<std::uint32_t>(ErrorCode::aborted), c.rank,
-                      fmt::format("rank {}: aborted the job: {}", c.rank, reason));
+  c.abort_job(reason);
   // This thread's (or another's) next wait or call sees the abort word;
   // `broken` is only written by the thread running collectives.
 }

@@ -15,6 +15,7 @@
 
 #include "base/log.hpp"
 #include "base/placement.hpp"
+#include "core/request.hpp"
 #include "core/state.hpp"
 
 namespace shmring {
@@ -124,15 +125,24 @@ WaitCheck set_wait_check(WaitCheck check) noexcept {
   return std::exchange(t_wait_check, check);
 }
 
+namespace detail {
+WaitCheck thread_wait_check() noexcept {
+  return t_wait_check;
+}
+}  // namespace detail
+
+void CommState::abort_job(const std::string& reason) {
+  detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::aborted), rank,
+                      fmt::format("rank {}: aborted the job: {}", rank, reason));
+}
+
 void CommState::check_progress(int peer, const char* what, Clock::time_point deadline,
                                const detail::Counter& counter, std::uint64_t target) {
   // The caller's check (set_wait_check): a reason aborts the job, which the
   // read below then raises on this rank as on the others.
   if (t_wait_check != nullptr && !detail::t_helper_thread) {
     const std::string why = t_wait_check();
-    if (!why.empty())
-      detail::raise_abort(*seg, size, static_cast<std::uint32_t>(ErrorCode::aborted), rank,
-                          fmt::format("rank {}: aborted the job: {}", rank, why));
+    if (!why.empty()) abort_job(why);
   }
   if (auto a = detail::read_abort(seg->header())) rethrow_abort(*a);
   // Settling a refusal (settle_refusal), no call is in flight: the

@@ -50,6 +50,10 @@ void RequestState::complete(std::exception_ptr e) {
 }
 
 namespace {
+// How often a waiting thread runs its wait check, as the waits on a peer do
+// (transport/wait.hpp, WaitPolicy::sleep_slice_us).
+constexpr std::chrono::milliseconds kCheckPeriod{10};
+
 [[noreturn]] void throw_inherited() {
   throw InvalidArgumentError(fmt::format(
       "process {}: this Request was started by the parent process before fork(); a forked child "
@@ -75,12 +79,29 @@ bool RequestState::wait_until_done(double timeout_s, bool mark) {
     }
   }
   std::unique_lock lock(mutex);
-  if (timeout_s < 0) {
-    cv.wait(lock, [&] { return done; });
-  } else {
-    // Capped so that the conversion to the clock's ticks cannot overflow.
-    cv.wait_for(lock, std::chrono::duration<double>(std::min(timeout_s, 1e7)),
-                [&] { return done; });
+  // Capped so that the conversion to the clock's ticks cannot overflow.
+  const auto deadline = timeout_s < 0
+                            ? Clock::time_point::max()
+                            : start + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(std::min(timeout_s, 1e7)));
+  WaitCheck check = t_helper_thread || !abort ? nullptr : thread_wait_check();
+  while (!done && Clock::now() < deadline) {
+    if (check == nullptr) {
+      if (timeout_s < 0)
+        cv.wait(lock, [&] { return done; });
+      else
+        cv.wait_until(lock, deadline, [&] { return done; });
+      break;
+    }
+    cv.wait_until(lock, std::min(deadline, Clock::now() + kCheckPeriod), [&] { return done; });
+    if (done) break;
+    lock.unlock();
+    const std::string why = check();
+    if (!why.empty()) {
+      abort(why);  // the collective fails soon, or has finished already
+      check = nullptr;
+    }
+    lock.lock();
   }
   if (!done) return false;
   if (mark) seen.store(true, std::memory_order_relaxed);

@@ -9,8 +9,10 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 
 #include "base/fork.hpp"
+#include "shmring/communicator.hpp"
 #include "shmring/request.hpp"
 
 namespace shmring::detail {
@@ -25,10 +27,14 @@ struct RequestState {
   /// waiters, then runs the on_complete callback on this thread.
   void complete(std::exception_ptr error);
 
-  /// Waits until complete or until `deadline_s` seconds passed (negative:
+  /// Waits until complete or until `timeout_s` seconds passed (negative:
   /// forever); true when complete. Throws InvalidArgumentError in a forked
   /// child for a request still pending in its parent. `mark`: set `seen`
-  /// when complete (not for the destructor's own wait).
+  /// when complete (not for the destructor's own wait). Once past its
+  /// polling phases, a wait on a thread with a wait check
+  /// (set_wait_check) runs it about every 10 ms; a reason goes to `abort`,
+  /// and the wait goes on until the aborted collective completes (with
+  /// AbortedError unless it had finished already).
   bool wait_until_done(double timeout_s, bool mark = true);
   /// True once complete; rethrows the error then.
   bool done_or_throw();
@@ -50,6 +56,12 @@ struct RequestState {
   /// request is done (so that a wait right after the call saves the hand-off
   /// to the progress thread and back). Called by untimed waits only.
   std::function<void()> help;
+  /// Set by the engine: aborts the job with the reason a wait check gave,
+  /// as Communicator::abort does.
+  std::function<void(const std::string&)> abort;
 };
+
+/// The calling thread's wait check (set_wait_check), or nullptr.
+WaitCheck thread_wait_check() noexcept;
 
 }  // namespace shmring::detail

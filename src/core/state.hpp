@@ -196,6 +196,9 @@ struct CommState {
   detail::RankArea& my_area() { return seg->rank_area(rank); }
   detail::RankArea& area(int r) { return seg->rank_area(r); }
 
+  /// Marks the job aborted with "rank R: aborted the job: <reason>": every
+  /// rank's pending and later collectives fail with AbortedError. Any thread.
+  void abort_job(const std::string& reason);
   /// Called by every wait's slow path: throws on abort, on a dead `peer`
   /// (unless `counter` reached `target` after all: a peer may publish its
   /// last slice and exit) and past the deadline. `what` names what is

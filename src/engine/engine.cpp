@@ -353,6 +353,7 @@ std::shared_ptr<RequestState> Engine::new_state() {
   // The engine outlives every request it has not completed (~Engine drains
   // the queue), and help() is only reached for a request not yet done.
   st->help = [this, raw = st.get()] { help(*raw); };
+  st->abort = [this](const std::string& reason) { c_.abort_job(reason); };
   return st;
 }
 

@@ -571,6 +571,41 @@ TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and abor
   CHECK(test::all_zero(st));
 }
 
+TEST_CASE("set_wait_check: a reason from the check ends a Request wait and aborts the job") {
+  // The collective runs on the progress thread; the check runs in the
+  // waiting thread's own wait (timed: no inline help), every ~10 ms.
+  auto st = test::run_ranks(2, [](Communicator& comm) {
+    std::vector<float> buf(1000, 1.0f);
+    std::string what;
+    if (comm.rank() == 0) {
+      Request req =
+          comm.iallreduce(buf.data(), buf.data(), buf.size(), DataType::float32, ReduceOp::sum);
+      SHMRING_CHILD_CHECK(set_wait_check(&stop_after_third_check) == nullptr, "a check was set");
+      auto t0 = Clock::now();
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { (void)req.wait_for_seconds(30.0); }, &what),
+                          "no AbortedError");
+      set_wait_check(nullptr);
+      SHMRING_CHILD_CHECK(
+          what.find("rank 0: aborted the job: stopped by the wait check") != std::string::npos,
+          "message: %s", what.c_str());
+      SHMRING_CHILD_CHECK(g_checks.load() == 3, "%d checks", g_checks.load());
+      SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      SHMRING_CHILD_CHECK(throws_as<AbortedError>(
+                              [&] {
+                                comm.allreduce(buf.data(), buf.data(), buf.size(),
+                                               DataType::float32, ReduceOp::sum);
+                              },
+                              &what),
+                          "rank 1 not aborted");
+      SHMRING_CHILD_CHECK(what.find("stopped by the wait check") != std::string::npos,
+                          "message: %s", what.c_str());
+    }
+  });
+  CHECK(test::all_zero(st));
+}
+
 TEST_CASE("abort() from another thread ends a request waiting for a peer that never comes") {
   auto st = test::run_ranks(2, [](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);

@@ -284,6 +284,41 @@ def scenario_interrupt(comm):
             raise AssertionError("the peer's allreduce ran after rank 0 was interrupted")
 
 
+def scenario_interrupt_request(comm):
+    # The same for a non-blocking allreduce: Ctrl-C while rank 0 waits on its
+    # Request (the progress thread runs the collective) ends the wait with
+    # KeyboardInterrupt, and the peer's collective fails naming it. Both the
+    # untimed and the timed wait.
+    timed = os.environ.get("WORKER_TIMED") == "1"
+    if comm.rank == 0:
+        req = comm.allreduce(np.ones(10, dtype=np.float32), async_op=True)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        start = time.monotonic()
+        try:
+            req.wait(timeout=30.0) if timed else req.wait()
+        except KeyboardInterrupt:
+            took = time.monotonic() - start
+            check(took < 3.0, f"KeyboardInterrupt {took:.2f} s into Request.wait (signal at 0.5 s)")
+        else:
+            raise AssertionError("Request.wait returned, or raised something else")
+        # The aborted collective completes with the abort as its error.
+        try:
+            req.wait(timeout=10.0)
+        except shmring.AbortedError as e:
+            check("interrupted by a signal (KeyboardInterrupt)" in str(e), str(e))
+        else:
+            raise AssertionError("the interrupted request did not fail")
+    else:
+        time.sleep(4)
+        try:
+            comm.allreduce(np.ones(10, dtype=np.float32))
+        except shmring.AbortedError as e:
+            check("rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)" in str(e),
+                  str(e))
+        else:
+            raise AssertionError("the peer's allreduce ran after rank 0 was interrupted")
+
+
 def scenario_gil(comm):
     # Rank 0's main thread sits in an allreduce that rank 1 joins only after
     # rank 0's *second* thread has met it in an allreduce on a side

@@ -39,6 +39,14 @@ def test_ctrl_c_ends_a_wait_on_a_peer():
     assert_all_ok(run_ranks("interrupt", 2))
 
 
+@pytest.mark.parametrize("timed", ["0", "1"])
+def test_ctrl_c_ends_a_request_wait(timed):
+    """SIGINT while Request.wait() (untimed or timed) waits on a non-blocking
+    allreduce that a late peer holds up raises KeyboardInterrupt at once; the
+    request then fails with AbortedError, the peer's collective too."""
+    assert_all_ok(run_ranks("interrupt_request", 2, env={"WORKER_TIMED": timed}))
+
+
 def test_gil_released_during_collective():
     """A second Python thread runs (and runs a collective on a second
     communicator) while the first waits inside allreduce."""

@@ -66,6 +66,15 @@ def test_timeouts(tmp):
     assert_all_ok(results)
 
 
+def test_ctrl_c_ends_a_wait_on_a_peer(tmp):
+    """SIGINT during a blocking all_reduce that waits for a late peer ends it
+    at once with an error naming the interrupt, on both ranks."""
+    results = run_job("interrupt", 2, tmp, env={"SHMRING_TIMEOUT": "60"})
+    assert_all_ok(results)
+    for _, out in results:
+        assert "interrupt ok" in out
+
+
 @pytest.mark.parametrize("cma", ["auto", "0"])
 def test_dropped_isend_that_failed_is_never_delivered(tmp, cma):
     """dist.isend's Work dropped while pending; the send times out and its

@@ -14,6 +14,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -609,6 +610,26 @@ def scenario_timeouts(rank, size):
         print("rank 1 refused:", msg, flush=True)
     expect_error(lambda: dist.all_reduce(torch.ones(3)))
     print("timeouts ok", flush=True)
+
+
+def scenario_interrupt(rank, size):
+    """Ctrl-C while rank 0's blocking all_reduce (Work.wait, GIL released by
+    torch) waits for a late peer: the handler runs within a wait-check
+    period, not at the timeout (60 s here), the job is aborted, and the
+    error names the interrupt on both ranks."""
+    t = torch.ones(100)
+    if rank == 0:
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        msg = expect_error(lambda: dist.all_reduce(t),
+                           "aborted the job: interrupted by a signal (KeyboardInterrupt)")
+        took = time.monotonic() - t0
+        check(took < 3.0, f"the interrupt ended the wait {took:.2f} s in (signal at 0.5 s)")
+    else:
+        time.sleep(4)
+        expect_error(lambda: dist.all_reduce(t),
+                     "rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)")
+    print("interrupt ok", flush=True)
 
 
 def scenario_p2p_ended_early(rank, size):
