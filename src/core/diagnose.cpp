@@ -64,6 +64,11 @@ std::string CommState::job_summary() {
     // A dead rank's recorder still shows the call it was in: it waits for
     // nothing any more.
     const bool alive = seg->rank_alive(r);
+    // A rank that is not alive either destroyed its communicator (it left)
+    // or died; the two call for different fixes, so the text says which.
+    const bool left =
+        !alive && area(r).info.state.load(std::memory_order_acquire) == detail::kRankFinalized;
+    const char* gone = alive ? "" : left ? " (left: destroyed its communicator)" : " (dead)";
     if (in && in->seq >= c && alive) {
       waiting[in->state == detail::kCallFailed ? call_name(*in) + " (failed)" : call_name(*in)]
           .push_back(r);
@@ -71,14 +76,14 @@ std::string CommState::job_summary() {
     }
     std::string s;
     if (in && in->seq >= c)
-      s = fmt::format("rank {} (dead) was in {}, which it started {:.1f} s ago", r, call_name(*in),
+      s = fmt::format("rank {}{} was in {}, which it started {:.1f} s ago", r, gone, call_name(*in),
                       secs(now, in->start_ns));
     else if (last && last->seq >= c)
       // A rank may finish a call before its peers do (an eager gather's
       // sender, a broadcast's root): it is past ours, not late for it.
-      s = fmt::format("rank {}{} has completed {} and gone on", r, alive ? "" : " (dead)", mine);
+      s = fmt::format("rank {}{} has completed {} and gone on", r, gone, mine);
     else
-      s = fmt::format("rank {}{} has not entered {}", r, alive ? "" : " (dead)", mine);
+      s = fmt::format("rank {}{} has not entered {}", r, gone, mine);
     s += last ? fmt::format("; its last completed call was {}, {:.1f} s ago", call_name(*last),
                             secs(now, last->end_ns))
               : std::string("; it completed no call yet");

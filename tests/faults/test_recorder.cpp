@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -442,6 +443,37 @@ TEST_CASE("a rank that dies before allreduce #10: the survivors' error names its
                    "rank 1 (dead) has not entered allreduce #10; its last completed call was "
                    "allreduce #9, "));
     CHECK(contains(m, "ranks 0 and 2 wait in allreduce #10"));
+  }
+}
+
+TEST_CASE("a rank that leaves before allreduce #10: the survivors' error says it left") {
+  const std::string job = test::unique_job_id("recleave");
+  test::MessageBoard board(3);
+  auto status = test::run_processes(3, [&](int r) {
+    auto comm = std::make_unique<Communicator>(opts(r, 3, job, 30.0));
+    std::vector<float> x(10000, 1.0f);
+    for (int i = 0; i < 10; ++i) comm->allreduce(std::span<float>(x), ReduceOp::sum);
+    if (r == 1) {
+      comm.reset();  // destroys its communicator and stays alive a while
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    try {
+      comm->allreduce(std::span<float>(x), ReduceOp::sum);
+      SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
+    } catch (const PeerFailureError& e) {
+      board.put(r, e.what());
+    }
+  });
+  CHECK(test::all_zero(status));
+  for (int r : {0, 2}) {
+    const std::string m = board[r];
+    INFO("rank ", r, ": ", m);
+    CHECK(contains(m, "destroyed its communicator"));
+    CHECK(contains(m,
+                   "rank 1 (left: destroyed its communicator) has not entered allreduce #10; its "
+                   "last completed call was allreduce #9, "));
+    CHECK(!contains(m, "(dead)"));
   }
 }
 
