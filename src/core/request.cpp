@@ -95,13 +95,18 @@ bool RequestState::wait_until_done(double timeout_s, bool mark) {
     }
     cv.wait_until(lock, std::min(deadline, Clock::now() + kCheckPeriod), [&] { return done; });
     if (done) break;
+    // The check may take the GIL: never under the mutex, which a thread
+    // holding the GIL may wait for (Request.is_completed).
     lock.unlock();
     const std::string why = check();
+    lock.lock();
     if (!why.empty()) {
-      abort(why);  // the collective fails soon, or has finished already
+      // Under the mutex, a request not yet done keeps its engine (and the
+      // communicator) alive: complete() cannot return before we let go.
+      // The collective then fails with the abort.
+      if (!done) abort(why);
       check = nullptr;
     }
-    lock.lock();
   }
   if (!done) return false;
   if (mark) seen.store(true, std::memory_order_relaxed);
