@@ -252,71 +252,58 @@ def scenario_timeout(comm):
             raise AssertionError("a late rank completed an allreduce its peer gave up on")
 
 
-def scenario_interrupt(comm):
-    # Ctrl-C while rank 0 waits for a late peer: its KeyboardInterrupt comes
-    # within about a wait-check period, not after the timeout (60 s here),
-    # and the peer's next collective fails naming it.
-    if comm.rank == 0:
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        start = time.monotonic()
-        try:
-            comm.allreduce(np.ones(10, dtype=np.float32))
-        except KeyboardInterrupt:
-            took = time.monotonic() - start
-            check(took < 3.0, f"KeyboardInterrupt {took:.2f} s into the allreduce (signal at 0.5 s)")
-        else:
-            raise AssertionError("the allreduce returned, or raised something else")
-        # The communicator is aborted by the interrupt.
-        try:
-            comm.barrier()
-        except shmring.AbortedError as e:
-            check("interrupted by a signal (KeyboardInterrupt)" in str(e), str(e))
-        else:
-            raise AssertionError("no AbortedError after the interrupt")
+def interrupted(wait, what):
+    """Sends this process SIGINT 0.5 s from now and runs wait(): it must
+    raise KeyboardInterrupt within about a wait-check period, not after the
+    timeout (60 s here)."""
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+        wait()
+    except KeyboardInterrupt:
+        took = time.monotonic() - start
+        check(took < 3.0, f"KeyboardInterrupt {took:.2f} s into {what} (signal at 0.5 s)")
     else:
-        time.sleep(4)
-        try:
-            comm.allreduce(np.ones(10, dtype=np.float32))
-        except shmring.AbortedError as e:
-            check("rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)" in str(e),
-                  str(e))
-        else:
-            raise AssertionError("the peer's allreduce ran after rank 0 was interrupted")
+        raise AssertionError(f"{what} returned, or raised something else")
+
+
+def aborted_by_interrupt(fn, needle="interrupted by a signal (KeyboardInterrupt)"):
+    try:
+        fn()
+    except shmring.AbortedError as e:
+        check(needle in str(e), str(e))
+    else:
+        raise AssertionError(f"no AbortedError naming {needle!r}")
+
+
+def late_peer_sees_interrupt(comm):
+    time.sleep(4)
+    aborted_by_interrupt(lambda: comm.allreduce(np.ones(10, dtype=np.float32)),
+                         "rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)")
+
+
+def scenario_interrupt(comm):
+    # Ctrl-C while rank 0's blocking allreduce waits for a late peer; the
+    # interrupt aborts the communicator, and the peer's next collective
+    # fails naming it.
+    if comm.rank == 0:
+        interrupted(lambda: comm.allreduce(np.ones(10, dtype=np.float32)), "the allreduce")
+        aborted_by_interrupt(comm.barrier)
+    else:
+        late_peer_sees_interrupt(comm)
 
 
 def scenario_interrupt_request(comm):
-    # The same for a non-blocking allreduce: Ctrl-C while rank 0 waits on its
-    # Request (the progress thread runs the collective) ends the wait with
-    # KeyboardInterrupt, and the peer's collective fails naming it. Both the
-    # untimed and the timed wait.
+    # The same for a non-blocking allreduce, untimed or timed Request.wait()
+    # (the progress thread runs the collective); the request then fails
+    # with the abort.
     timed = os.environ.get("WORKER_TIMED") == "1"
     if comm.rank == 0:
         req = comm.allreduce(np.ones(10, dtype=np.float32), async_op=True)
-        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-        start = time.monotonic()
-        try:
-            req.wait(timeout=30.0) if timed else req.wait()
-        except KeyboardInterrupt:
-            took = time.monotonic() - start
-            check(took < 3.0, f"KeyboardInterrupt {took:.2f} s into Request.wait (signal at 0.5 s)")
-        else:
-            raise AssertionError("Request.wait returned, or raised something else")
-        # The aborted collective completes with the abort as its error.
-        try:
-            req.wait(timeout=10.0)
-        except shmring.AbortedError as e:
-            check("interrupted by a signal (KeyboardInterrupt)" in str(e), str(e))
-        else:
-            raise AssertionError("the interrupted request did not fail")
+        interrupted(lambda: req.wait(timeout=30.0) if timed else req.wait(), "Request.wait")
+        aborted_by_interrupt(lambda: req.wait(timeout=10.0))
     else:
-        time.sleep(4)
-        try:
-            comm.allreduce(np.ones(10, dtype=np.float32))
-        except shmring.AbortedError as e:
-            check("rank 0: aborted the job: interrupted by a signal (KeyboardInterrupt)" in str(e),
-                  str(e))
-        else:
-            raise AssertionError("the peer's allreduce ran after rank 0 was interrupted")
+        late_peer_sees_interrupt(comm)
 
 
 def scenario_gil(comm):
