@@ -24,8 +24,16 @@ std::atomic<unsigned long> g_python_main{0};
 // runs the pending signal handlers (with the GIL, which torch's binding
 // released). One that raised gives the abort's reason; its exception is
 // cleared, since the wait's error, naming it, is what torch raises.
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;  // public from 3.13, which drops the underscore form
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 std::string python_signals_raised() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return {};
+  if (!Py_IsInitialized() || python_finalizing()) return {};
   const PyGILState_STATE gil = PyGILState_Ensure();
   std::string why;
   if (PyErr_CheckSignals() != 0) {
