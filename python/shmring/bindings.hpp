@@ -10,6 +10,8 @@
 //   block_collectives.cpp alltoall(v), gather, scatter, allgatherv,
 //                         reduce_scatter_v (per-rank blocks)
 //   p2p.cpp               send, recv
+//   signal_reason.hpp     the abort reason of a wait a signal handler ended
+//                         (shared with the torch backend)
 //
 // Buffers are never copied. A collective works on the memory of the object it
 // is given, reached in one of two ways:

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "bindings.hpp"
+#include "signal_reason.hpp"
 
 namespace shmring::python {
 
@@ -271,9 +272,7 @@ std::string keyword_names(std::string message) {
 std::string python_signals_raised() {
   py::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() == 0) return {};
-  PyObject* type = PyErr_Occurred();
-  return fmt::format("interrupted by a signal ({}) while waiting in a collective",
-                     type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "?");
+  return signal_reason();
 }
 
 void bind_communicator(py::module_& m) {

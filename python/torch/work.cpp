@@ -12,6 +12,7 @@
 #include <string>
 #include <system_error>
 
+#include "../shmring/signal_reason.hpp"
 #include "shmring/communicator.hpp"
 #include "shmring/error.hpp"
 
@@ -20,10 +21,6 @@ namespace shmring::torch_backend {
 namespace {
 std::atomic<unsigned long> g_python_main{0};
 
-// The wait check (shmring::set_wait_check) of waits on Python's main thread:
-// runs the pending signal handlers (with the GIL, which torch's binding
-// released). One that raised gives the abort's reason; its exception is
-// cleared, since the wait's error, naming it, is what torch raises.
 bool python_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
   return Py_IsFinalizing() != 0;  // public from 3.13, which drops the underscore form
@@ -32,15 +29,16 @@ bool python_finalizing() {
 #endif
 }
 
+// The wait check (shmring::set_wait_check) of waits on Python's main thread:
+// runs the pending signal handlers (with the GIL, which torch's binding
+// released). One that raised gives the abort's reason; its exception is
+// cleared, since the wait's error, naming it, is what torch raises.
 std::string python_signals_raised() {
   if (!Py_IsInitialized() || python_finalizing()) return {};
   const PyGILState_STATE gil = PyGILState_Ensure();
   std::string why;
   if (PyErr_CheckSignals() != 0) {
-    PyObject* type = PyErr_Occurred();
-    why = std::string("interrupted by a signal (") +
-          (type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "?") +
-          ") while waiting in a collective";
+    why = python::signal_reason();
     PyErr_Clear();
   }
   PyGILState_Release(gil);
