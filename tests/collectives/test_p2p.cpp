@@ -581,10 +581,15 @@ TEST_CASE("bad peer, negative tag, bad datatype, null buffer: InvalidArgumentErr
 }
 
 TEST_CASE("a dead peer is PeerFailureError for a blocking recv, a pending isend and an irecv") {
+  // Rank 2 dies once rank 1 has posted its isend and irecv (its tag-1 note
+  // says so): had it died first, a failure seen by rank 0 would break the
+  // job, and rank 1's isend would throw at the call, not in its wait (a
+  // race that slow, emulated runs lost).
   auto st = test::run_ranks(3, [](Communicator& comm) {
     const int r = comm.rank();
     if (r == 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::int64_t note = 0;
+      comm.recv(&note, 1, DataType::int64, 1, 1);
       kill(getpid(), SIGKILL);
     }
     std::vector<std::int64_t> buf(100000, r);
@@ -598,6 +603,8 @@ TEST_CASE("a dead peer is PeerFailureError for a blocking recv, a pending isend 
       Request s = comm.isend(buf.data(), buf.size(), DataType::int64, 2, 0);
       std::int64_t y;
       Request q = comm.irecv(&y, 1, DataType::int64, 2, 0);
+      const std::int64_t note = 1;
+      comm.send(&note, 1, DataType::int64, 2, 1);
       SHMRING_CHILD_CHECK(throws_as<PeerFailureError>([&] { s.wait(); }), "isend");
       SHMRING_CHILD_CHECK(throws_as<PeerFailureError>([&] { q.wait(); }), "irecv");
     }
