@@ -5,6 +5,7 @@
 // and exits non-zero; the parent's doctest CHECKs see the statuses.
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,7 +17,9 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -110,6 +113,40 @@ inline std::vector<int> run_processes(int n, const std::function<void(int)>& fn,
   }
   return status;
 }
+
+/// A word shared by the processes forked after it is made. A rank sets it
+/// on reaching a point; another waits for it there. Use it, not a sleep,
+/// wherever a test's outcome needs one rank to have got somewhere first:
+/// under qemu-user and on a loaded machine a rank can be seconds late.
+class SharedFlag {
+ public:
+  SharedFlag() {
+    void* p = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("SharedFlag: mmap failed");
+    word_ = new (p) std::atomic<int>(0);
+  }
+  ~SharedFlag() { munmap(word_, sizeof(std::atomic<int>)); }
+  SharedFlag(const SharedFlag&) = delete;
+  SharedFlag& operator=(const SharedFlag&) = delete;
+
+  void set(int value = 1) { word_->store(value, std::memory_order_release); }
+  int get() const { return word_->load(std::memory_order_acquire); }
+  /// Waits until the word is at least `value`; false after `timeout_s`
+  /// (times timeout_scale()).
+  bool wait_for(int value = 1, double timeout_s = 30) const {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(timeout_s * timeout_scale());
+    while (get() < value) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  }
+
+ private:
+  std::atomic<int>* word_ = nullptr;
+};
 
 /// Runs fn(comm) on `n` ranks of a fresh communicator; returns exit statuses.
 inline std::vector<int> run_ranks(int n, const std::function<void(Communicator&)>& fn,

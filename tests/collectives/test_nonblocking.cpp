@@ -178,15 +178,18 @@ TEST_CASE("test() polls a request to completion without blocking") {
 }
 
 TEST_CASE("wait_for returns false while a peer is late, then true") {
-  auto st = test::run_ranks(2, [](Communicator& comm) {
+  test::SharedFlag checked;  // rank 1 starts once rank 0 has seen its call pending
+  auto st = test::run_ranks(2, [&](Communicator& comm) {
     std::vector<std::int32_t> buf(1000, comm.rank() + 1);
-    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    if (comm.rank() == 1)
+      SHMRING_CHILD_CHECK(checked.wait_for(), "rank 0 never checked its pending call");
     Request req =
         comm.iallreduce(buf.data(), buf.data(), buf.size(), DataType::int32, ReduceOp::sum);
     if (comm.rank() == 0) {
       SHMRING_CHILD_CHECK(!req.wait_for(std::chrono::milliseconds(50)),
                           "complete although rank 1 had not started");
       SHMRING_CHILD_CHECK(!req.test(), "test() true while pending");
+      checked.set();
       SHMRING_CHILD_CHECK(req.wait_for(std::chrono::seconds(30)), "not complete after 30 s");
     } else {
       req.wait();
@@ -545,7 +548,9 @@ std::string stop_after_third_check() {
 }  // namespace
 
 TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and aborts the job") {
-  auto st = test::run_ranks(2, [](Communicator& comm) {
+  // Rank 1 comes once rank 0's wait has ended: it must find the job aborted.
+  test::SharedFlag ended;
+  auto st = test::run_ranks(2, [&](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);
     auto allreduce = [&] {
       comm.allreduce(buf.data(), buf.data(), buf.size(), DataType::float32, ReduceOp::sum);
@@ -555,6 +560,7 @@ TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and abor
       SHMRING_CHILD_CHECK(set_wait_check(&stop_after_third_check) == nullptr, "a check was set");
       auto t0 = Clock::now();
       SHMRING_CHILD_CHECK(throws_as<AbortedError>(allreduce, &what), "no AbortedError");
+      ended.set();
       SHMRING_CHILD_CHECK(set_wait_check(nullptr) == &stop_after_third_check, "check lost");
       SHMRING_CHILD_CHECK(
           what.find("rank 0: aborted the job: stopped by the wait check") != std::string::npos,
@@ -562,7 +568,7 @@ TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and abor
       SHMRING_CHILD_CHECK(g_checks.load() == 3, "%d checks", g_checks.load());
       SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      SHMRING_CHILD_CHECK(ended.wait_for(), "rank 0's wait never ended");
       SHMRING_CHILD_CHECK(throws_as<AbortedError>(allreduce, &what), "rank 1 not aborted");
       SHMRING_CHILD_CHECK(what.find("stopped by the wait check") != std::string::npos,
                           "message: %s", what.c_str());
@@ -574,7 +580,9 @@ TEST_CASE("set_wait_check: a reason from the check ends a blocking wait and abor
 TEST_CASE("set_wait_check: a reason from the check ends a Request wait and aborts the job") {
   // The collective runs on the progress thread; the check runs in the
   // waiting thread's own wait (timed: no inline help), every ~10 ms.
-  auto st = test::run_ranks(2, [](Communicator& comm) {
+  // Rank 1 comes once rank 0's wait has ended: it must find the job aborted.
+  test::SharedFlag ended;
+  auto st = test::run_ranks(2, [&](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);
     std::string what;
     if (comm.rank() == 0) {
@@ -584,6 +592,7 @@ TEST_CASE("set_wait_check: a reason from the check ends a Request wait and abort
       auto t0 = Clock::now();
       SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { (void)req.wait_for_seconds(30.0); }, &what),
                           "no AbortedError");
+      ended.set();
       set_wait_check(nullptr);
       SHMRING_CHILD_CHECK(
           what.find("rank 0: aborted the job: stopped by the wait check") != std::string::npos,
@@ -591,7 +600,7 @@ TEST_CASE("set_wait_check: a reason from the check ends a Request wait and abort
       SHMRING_CHILD_CHECK(g_checks.load() == 3, "%d checks", g_checks.load());
       SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      SHMRING_CHILD_CHECK(ended.wait_for(), "rank 0's wait never ended");
       SHMRING_CHILD_CHECK(throws_as<AbortedError>(
                               [&] {
                                 comm.allreduce(buf.data(), buf.data(), buf.size(),
@@ -607,7 +616,9 @@ TEST_CASE("set_wait_check: a reason from the check ends a Request wait and abort
 }
 
 TEST_CASE("abort() from another thread ends a request waiting for a peer that never comes") {
-  auto st = test::run_ranks(2, [](Communicator& comm) {
+  // Rank 1 comes once rank 0's wait has ended: it must find the job aborted.
+  test::SharedFlag ended;
+  auto st = test::run_ranks(2, [&](Communicator& comm) {
     std::vector<float> buf(1000, 1.0f);
     if (comm.rank() == 0) {
       Request req =
@@ -619,12 +630,13 @@ TEST_CASE("abort() from another thread ends a request waiting for a peer that ne
       auto t0 = Clock::now();
       std::string what;
       SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { req.wait(); }, &what), "no AbortedError");
+      ended.set();
       aborter.join();
       SHMRING_CHILD_CHECK(what.find("test abort") != std::string::npos, "message: %s",
                           what.c_str());
       SHMRING_CHILD_CHECK(ms_since(t0) < 5000, "took %.0f ms", ms_since(t0));
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      SHMRING_CHILD_CHECK(ended.wait_for(), "rank 0's wait never ended");
       SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] {
                             comm.iallreduce(buf.data(), buf.data(), buf.size(), DataType::float32,
                                             ReduceOp::sum)

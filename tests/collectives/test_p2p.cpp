@@ -844,6 +844,7 @@ TEST_CASE("a send that timed out is never delivered: the receiver fails, not wit
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 2;
+    test::SharedFlag gave_up, checked;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
@@ -859,7 +860,8 @@ TEST_CASE("a send that timed out is never delivered: the receiver fails, not wit
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             SHMRING_CHILD_CHECK(s < 10, "%s: the send took %.1f s to time out", how, s);
             std::fill(buf.begin(), buf.end(), 7.0f);  // the buffer is the caller's again
-            std::this_thread::sleep_for(std::chrono::seconds(3));  // alive while rank 1 recvs
+            gave_up.set();
+            SHMRING_CHILD_CHECK(checked.wait_for(), "%s: rank 1 never recv'd", how);
             std::string again;
             SHMRING_CHILD_CHECK(
                 throws_as<AbortedError>([&] { comm.send(buf.data(), 1, DataType::float32, 1, 1); },
@@ -867,12 +869,13 @@ TEST_CASE("a send that timed out is never delivered: the receiver fails, not wit
                     again.find("unusable") != std::string::npos,
                 "%s: a send after the failure: %s", how, again.c_str());
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+            SHMRING_CHILD_CHECK(gave_up.wait_for(), "%s: rank 0's send never failed", how);
             recv_must_fail(comm, 0, 9, how);
             float x = 0;
             SHMRING_CHILD_CHECK(
                 throws_as<Error>([&] { comm.recv(&x, 1, DataType::float32, 0, 1); }),
                 "%s: a recv after the failure succeeded", how);
+            checked.set();
           }
         },
         60, o);
@@ -886,6 +889,7 @@ TEST_CASE("the receiver's error names the sender's failed send") {
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 1;
+    test::SharedFlag gave_up, checked;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
@@ -896,9 +900,10 @@ TEST_CASE("the receiver's error names the sender's failed send") {
                                     [&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }),
                                 "%s: no timeout", how);
             std::fill(buf.begin(), buf.end(), 7.0f);
-            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            gave_up.set();
+            SHMRING_CHILD_CHECK(checked.wait_for(), "%s: rank 1 never recv'd", how);
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            SHMRING_CHILD_CHECK(gave_up.wait_for(), "%s: rank 0's send never failed", how);
             SHMRING_CHILD_CHECK(
                 throws_as<Error>([&] { comm.recv(buf.data(), kBig, DataType::float32, 0, 9); },
                                  &what),
@@ -907,6 +912,7 @@ TEST_CASE("the receiver's error names the sender's failed send") {
                 what.find("rank 0") != std::string::npos &&
                     what.find("send(count=262144, float32) to rank 1, tag 9") != std::string::npos,
                 "%s: the error does not name rank 0's send: %s", how, what.c_str());
+            checked.set();
           }
         },
         60, o);
@@ -920,6 +926,7 @@ TEST_CASE("a dropped pending isend Request leaves nothing the receiver can take"
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 1;
+    test::SharedFlag gave_up, checked;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
@@ -931,10 +938,12 @@ TEST_CASE("a dropped pending isend Request leaves nothing the receiver can take"
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             SHMRING_CHILD_CHECK(s < 10, "%s: dropping the request took %.1f s", how, s);
             std::fill(buf.begin(), buf.end(), 7.0f);
-            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            gave_up.set();
+            SHMRING_CHILD_CHECK(checked.wait_for(), "%s: rank 1 never recv'd", how);
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            SHMRING_CHILD_CHECK(gave_up.wait_for(), "%s: rank 0's send never failed", how);
             recv_must_fail(comm, 0, 9, how);
+            checked.set();
           }
         },
         60, o);
@@ -946,6 +955,7 @@ TEST_CASE("an isend pending when the job is aborted is never delivered") {
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 5;
+    test::SharedFlag gave_up, checked;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
@@ -956,10 +966,12 @@ TEST_CASE("an isend pending when the job is aborted is never delivered") {
             SHMRING_CHILD_CHECK(throws_as<AbortedError>([&] { s.wait(); }),
                                 "%s: the isend survived the abort", how);
             std::fill(buf.begin(), buf.end(), 7.0f);
-            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            gave_up.set();
+            SHMRING_CHILD_CHECK(checked.wait_for(), "%s: rank 1 never recv'd", how);
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            SHMRING_CHILD_CHECK(gave_up.wait_for(), "%s: rank 0's isend never failed", how);
             recv_must_fail(comm, 0, 9, how);
+            checked.set();
           }
         },
         60, o);
@@ -972,6 +984,7 @@ TEST_CASE("an isend pending when its communicator is destroyed is never delivere
   // AbortedError), reuses the buffer and stays alive.
   with_and_without_single_copy([](const char* how) {
     const std::string job = test::unique_job_id("destroyed");
+    test::SharedFlag gave_up, checked;
     auto st = test::run_processes(2, [&](int r) {
       Options o;
       o.rank = r;
@@ -990,11 +1003,13 @@ TEST_CASE("an isend pending when its communicator is destroyed is never delivere
                                 what.find("destroyed") != std::string::npos,
                             "%s: the isend outlived its communicator: %s", how, what.c_str());
         std::fill(buf.begin(), buf.end(), 7.0f);
-        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        gave_up.set();
+        SHMRING_CHILD_CHECK(checked.wait_for(), "%s: rank 1 never recv'd", how);
       } else {
         Communicator comm(o);
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        SHMRING_CHILD_CHECK(gave_up.wait_for(), "%s: rank 0's isend never failed", how);
         recv_must_fail(comm, 0, 9, how);
+        checked.set();
       }
     });
     CHECK(test::all_zero(st));
@@ -1035,6 +1050,7 @@ TEST_CASE("a recv that timed out is never matched by a later send: the send fail
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 1;
+    test::SharedFlag recv_failed, sends_done;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
@@ -1045,7 +1061,8 @@ TEST_CASE("a recv that timed out is never matched by a later send: the send fail
             SHMRING_CHILD_CHECK(throws_as<TimeoutError>([&] { q.wait(); }, &what) &&
                                     what.find("sent no matching message") != std::string::npos,
                                 "%s: the irecv: %s", how, what.c_str());
-            std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // rank 0 sends now
+            recv_failed.set();  // rank 0 sends now
+            SHMRING_CHILD_CHECK(sends_done.wait_for(), "%s: rank 0 never sent", how);
             std::size_t changed = 0;
             for (float v : in) changed += v != -1.0f;
             SHMRING_CHILD_CHECK(changed == 0,
@@ -1053,7 +1070,7 @@ TEST_CASE("a recv that timed out is never matched by a later send: the send fail
                                 "were written after it failed",
                                 how, changed);
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            SHMRING_CHILD_CHECK(recv_failed.wait_for(), "%s: rank 1's irecv never failed", how);
             std::vector<float> buf(kBig, 42.0f);
             for (const std::size_t count : {kBig, std::size_t{3}}) {
               const auto t0 = std::chrono::steady_clock::now();
@@ -1063,14 +1080,15 @@ TEST_CASE("a recv that timed out is never matched by a later send: the send fail
                   "%s: a send of %zu after rank 1's recv timed out returned", how, count);
               const double s =
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-              SHMRING_CHILD_CHECK(s < 0.5, "%s: the send of %zu took %.2f s to fail", how, count,
-                                  s);
+              SHMRING_CHILD_CHECK(s < 0.5 * test::timeout_scale(),
+                                  "%s: the send of %zu took %.2f s to fail", how, count, s);
               SHMRING_CHILD_CHECK(what.find("rank 1: timed out") != std::string::npos &&
                                       what.find("recv(count=262144, float32) from rank 0, tag 9") !=
                                           std::string::npos,
                                   "%s: the send's error does not name rank 1's recv: %s", how,
                                   what.c_str());
             }
+            sends_done.set();
           }
         },
         60, o);
@@ -1084,13 +1102,15 @@ TEST_CASE("a dropped pending irecv Request leaves nothing a later send can match
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 1;
+    test::SharedFlag recv_failed, sends_done;
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
           std::vector<float> buf(kBig, comm.rank() == 0 ? 42.0f : -1.0f);
           if (comm.rank() == 1) {
             { Request dropped = comm.irecv(buf.data(), kBig, DataType::float32, 0, 9); }
-            std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+            recv_failed.set();
+            SHMRING_CHILD_CHECK(sends_done.wait_for(), "%s: rank 0 never sent", how);
             std::size_t changed = 0;
             for (float v : buf) changed += v != -1.0f;
             SHMRING_CHILD_CHECK(changed == 0,
@@ -1098,14 +1118,16 @@ TEST_CASE("a dropped pending irecv Request leaves nothing a later send can match
                                 "were written",
                                 how, changed);
           } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+            SHMRING_CHILD_CHECK(recv_failed.wait_for(), "%s: rank 1's irecv never ended", how);
             const auto t0 = std::chrono::steady_clock::now();
             SHMRING_CHILD_CHECK(
                 throws_as<Error>([&] { comm.send(buf.data(), kBig, DataType::float32, 1, 9); }),
                 "%s: the send after the dropped irecv returned", how);
             const double s =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            SHMRING_CHILD_CHECK(s < 0.5, "%s: the send took %.2f s to fail", how, s);
+            SHMRING_CHILD_CHECK(s < 0.5 * test::timeout_scale(), "%s: the send took %.2f s to fail",
+                                how, s);
+            sends_done.set();
           }
         },
         60, o);

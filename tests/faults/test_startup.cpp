@@ -357,7 +357,9 @@ TEST_CASE("a registered rank dying before every rank attached fails the others a
     Communicator comm(opts(1, 3, job, 30));  // rank 2 never comes
   });
   REQUIRE(wait_for_flag(*at_ctor, 10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 has registered
+  // Rank 1 has registered by then (given longer in emulated runs).
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(static_cast<int>(300 * test::timeout_scale())));
   board->fault_ns.store(test::mono_ns());
   kill(r1, SIGKILL);
   CHECK(wait_status(r1) == 128 + SIGKILL);
