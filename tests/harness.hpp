@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <new>
@@ -147,6 +148,28 @@ class SharedFlag {
  private:
   std::atomic<int>* word_ = nullptr;
 };
+
+/// Waits until process `pid` is gone or a zombie (its memory released):
+/// false after `timeout_s` (times timeout_scale()).
+inline bool wait_until_dead(pid_t pid, double timeout_s = 30) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s * timeout_scale());
+  const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::FILE* f = std::fopen(stat.c_str(), "r");
+    if (f == nullptr) return true;
+    char state = '?';
+    // "pid (comm) S ...": the state follows the last ')'.
+    char line[512] = {};
+    const std::size_t n = std::fread(line, 1, sizeof line - 1, f);
+    std::fclose(f);
+    if (const char* close = std::strrchr(line, ')'); close && close + 2 < line + n)
+      state = close[2];
+    if (state == 'Z' || state == 'X') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
 
 /// Runs fn(comm) on `n` ranks of a fresh communicator; returns exit statuses.
 inline std::vector<int> run_ranks(int n, const std::function<void(Communicator&)>& fn,

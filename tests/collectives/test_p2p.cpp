@@ -1020,16 +1020,20 @@ TEST_CASE("a sender that dies with an isend pending: the recv is PeerFailureErro
   with_and_without_single_copy([](const char* how) {
     Options o;
     o.timeout_s = 20;
+    test::SharedFlag sender;  // rank 0's pid, once its isend is posted
     auto st = test::run_ranks(
         2,
         [&](Communicator& comm) {
           if (comm.rank() == 0) {
             std::vector<float> buf(kBig, 42.0f);
             Request s = comm.isend(buf.data(), kBig, DataType::float32, 1, 9);
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            sender.set(getpid());
             kill(getpid(), SIGKILL);
           }
-          std::this_thread::sleep_for(std::chrono::milliseconds(800));
+          // The recv starts once rank 0 is dead: had it started before, rank
+          // 0 could have delivered the message.
+          SHMRING_CHILD_CHECK(sender.wait_for(), "%s: rank 0 never posted", how);
+          SHMRING_CHILD_CHECK(test::wait_until_dead(sender.get()), "%s: rank 0 lives on", how);
           std::vector<float> in(kBig, -1.0f);
           SHMRING_CHILD_CHECK(throws_as<PeerFailureError>(
                                   [&] { comm.recv(in.data(), kBig, DataType::float32, 0, 9); }),
