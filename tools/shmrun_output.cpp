@@ -44,6 +44,12 @@ void LineTagger::feed(const char* data, std::size_t n) {
   std::string out;
   const char* end = data + n;
   const char* p = data;
+  // A line cut at kMaxLineBytes already ended with the newline emit() adds:
+  // its own newline, if it comes next, ends nothing more.
+  if (cut_ && p < end) {
+    if (*p == '\n') ++p;
+    cut_ = false;
+  }
   while (p < end) {
     const void* nl = std::memchr(p, '\n', static_cast<std::size_t>(end - p));
     if (nl == nullptr) break;
@@ -61,6 +67,7 @@ void LineTagger::feed(const char* data, std::size_t n) {
   if (pending_.size() >= kMaxLineBytes) {
     emit(pending_.data(), pending_.data() + pending_.size(), out);
     pending_.clear();
+    cut_ = true;
   }
   write_out(out);
 }

@@ -24,8 +24,10 @@ struct OutputSink {
 /// One worker stream (rank r's stdout or stderr) feeding one output fd.
 class LineTagger {
  public:
-  /// Above this many bytes without a newline, the partial line is emitted
-  /// anyway (with a newline added), so one runaway line cannot exhaust memory.
+  /// From this many bytes without a newline, the partial line is emitted
+  /// anyway (with a newline added), so one runaway line cannot exhaust
+  /// memory; the rest follows as the next line, and no byte is lost. A
+  /// line of exactly this size stays one line.
   static constexpr std::size_t kMaxLineBytes = 1 << 20;
 
   LineTagger(int rank, OutputSink& sink);
@@ -41,6 +43,7 @@ class LineTagger {
 
   std::string prefix_;
   std::string pending_;  // bytes after the last newline seen
+  bool cut_ = false;     // the last line emitted was cut at kMaxLineBytes
   OutputSink* sink_;
 };
 

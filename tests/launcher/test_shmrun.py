@@ -352,6 +352,38 @@ def test_tag_output():
     check(not shm_entries(jid), "segments left in /dev/shm")
 
 
+def test_tag_output_long_lines():
+    """Lines of exactly 1 MiB stay whole; longer ones come in tagged pieces that
+    join up to the line, with no empty line where a cut met the newline."""
+    mib = 1 << 20
+    for length, whole in ((mib, True), (2 * mib + 5, False)):
+        jid = job_id()
+        cmd = [SHMRUN, "--tag-output", "--job-id", jid, "-n", "1", "--", WORKER, "lines", "3",
+               str(length)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 0, f"exit status {p.returncode}", p.stderr[-2000:])
+        for stream, text in (("out", p.stdout), ("err", p.stderr)):
+            lines = [line for line in text.splitlines() if not line.startswith("shmrun: ")]
+            check(all(line.startswith("[0] ") for line in lines),
+                  f"std{stream}: an untagged line of length {length}")
+            pieces = [line[4:] for line in lines]
+            check(all(pieces), f"std{stream}, lines of {length} bytes: an empty tagged line "
+                  f"among {[len(x) for x in pieces]}")
+            check(pieces[-1] == f"0 {stream} last", f"std{stream}: last line {pieces[-1][:40]!r}")
+            body = "".join(pieces[:-1])
+            expected = "".join(f"0 {stream} {i} ".ljust(length, "a") for i in range(3))
+            check(body == expected, f"std{stream}: {len(body)} bytes came out of "
+                  f"{len(expected)}, or not the same ones")
+            if whole:
+                check(len(pieces) == 4, f"std{stream}: lines of exactly 1 MiB were cut: "
+                      f"{[len(x) for x in pieces]}")
+            else:
+                check(len(pieces) > 4 and all(len(x) < mib + (1 << 17) for x in pieces),
+                      f"std{stream}: lines of {length} bytes not cut near 1 MiB: "
+                      f"{[len(x) for x in pieces]}")
+        check(not shm_entries(jid), "segments left in /dev/shm")
+
+
 def closed_pipe():
     """The write end of a pipe whose reader is gone (a `| head` that has exited)."""
     r, w = os.pipe()
