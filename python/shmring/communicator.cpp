@@ -260,7 +260,10 @@ std::string keyword_names(std::string message) {
       {"Options::slot_bytes=", "slot_bytes="},
       {"Options::slots=", "slots="},
       {"Options::threads=", "threads="},
-      {"Options::job_id", "job_id"}};
+      {"Options::job_id", "job_id"},
+      // Options' -1 is "not given", which Python spells None (-1 is refused).
+      {"or -1 for world_size", "or None (the default) for world_size"},
+      {"or -1 for rank", "or None (the default) for rank"}};
   for (const auto& [field, keyword] : kNames)
     for (auto at = message.find(field); at != std::string::npos; at = message.find(field, at))
       message.replace(at, field.size(), keyword);
