@@ -343,6 +343,24 @@ int main(int argc, char** argv) {
         spec.job_id = kv.second;
         continue;
       }
+      // A flag and -x for the same setting: the same value is fine, two
+      // values are a mistake to name, as for the job id above.
+      const struct {
+        const char* flag;
+        const char* variable;
+        std::uint64_t value;
+      } flags[] = {{"--threads", "SHMRING_THREADS", static_cast<std::uint64_t>(threads)},
+                   {"--slots", "SHMRING_SLOTS", slots},
+                   {"--slot-bytes", "SHMRING_SLOT_BYTES", slot_bytes}};
+      for (const auto& f : flags) {
+        if (f.value == 0 || kv.first != f.variable) continue;
+        std::uint64_t v = 0;
+        const char* end = kv.second.data() + kv.second.size();
+        const auto [at, ec] = std::from_chars(kv.second.data(), end, v);
+        if (ec != std::errc() || at != end || v != f.value)
+          throw CLI::ValidationError("-x", fmt::format("{}={} disagrees with {} {}; give one",
+                                                       kv.first, kv.second, f.flag, f.value));
+      }
       spec.env.push_back(std::move(kv));
     }
   } catch (const CLI::ParseError& e) {
@@ -352,7 +370,7 @@ int main(int argc, char** argv) {
   if (status) return shmring::tools::print_status(spec.job_id);
   if (list || cleanup) return list_or_cleanup(cleanup, spec.job_id);
 
-  // Flags come after -x, so an explicit --threads wins over -x SHMRING_THREADS.
+  // After -x, which may repeat these settings only with the same values.
   if (threads > 0) spec.env.emplace_back("SHMRING_THREADS", std::to_string(threads));
   if (slots > 0) spec.env.emplace_back("SHMRING_SLOTS", std::to_string(slots));
   if (slot_bytes > 0) spec.env.emplace_back("SHMRING_SLOT_BYTES", std::to_string(slot_bytes));

@@ -756,12 +756,26 @@ def test_job_id_export():
     cases = [(["--job-id", "a", "-x", "SHMRING_JOB_ID=b"], "disagrees with --job-id"),
              (["-x", "SHMRING_JOB_ID=a/b"], "a/b"),
              (["-x", "SHMRING_RANK=1"], "shmrun sets SHMRING_RANK"),
-             (["-x", "WORLD_SIZE=4"], "shmrun sets WORLD_SIZE")]
+             (["-x", "WORLD_SIZE=4"], "shmrun sets WORLD_SIZE"),
+             # A flag and -x for one setting must agree (the flag used to win
+             # without a word).
+             (["--threads", "3", "-x", "SHMRING_THREADS=2"],
+              "SHMRING_THREADS=2 disagrees with --threads 3"),
+             (["-x", "SHMRING_SLOTS=8", "--slots", "4"], "SHMRING_SLOTS=8 disagrees with --slots 4"),
+             (["--slot-bytes", "8192", "-x", "SHMRING_SLOT_BYTES=8k"],
+              "SHMRING_SLOT_BYTES=8k disagrees with --slot-bytes 8192")]
     for args, word in cases:
         p = subprocess.run([SHMRUN, "-n", "2", *args, "--", WORKER, "env"], capture_output=True,
                            text=True, timeout=20)
         check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
         check(word in p.stderr, f"{args}: message should name {word!r}", p.stderr)
+    # The same value twice is no conflict.
+    p = subprocess.run([SHMRUN, "-n", "2", "--threads", "2", "-x", "SHMRING_THREADS=2", "--",
+                        WORKER, "env"], capture_output=True, text=True, timeout=30, env=clean_env())
+    check(p.returncode == 0, f"--threads 2 -x SHMRING_THREADS=2: exit status {p.returncode}",
+          p.stderr)
+    check({v["SHMRING_THREADS"] for v in env_lines(p.stdout).values()} == {"2"},
+          "SHMRING_THREADS=2 on every rank", p.stdout)
 
 
 def test_two_jobs_same_id():
