@@ -413,7 +413,8 @@ int main(int argc, char** argv) {
     // outnumber the cores and share them.
     const std::string why = spec.bind_to_core
                                 ? fmt::format("--bind-to core: {} core(s) per rank", per_rank)
-                                : fmt::format("{} CPUs / {} ranks", cpus, spec.np);
+                                : fmt::format("{} CPU{} / {} rank{}", cpus, cpus == 1 ? "" : "s",
+                                              spec.np, spec.np == 1 ? "" : "s");
     // Said once the ranks run (run_job), not for a program that cannot.
     if (!set.empty())
       spec.notice =

@@ -715,7 +715,11 @@ def test_threads_env():
     said = re.findall(r"^shmrun: setting OMP_NUM_THREADS and MKL_NUM_THREADS=(\d+) for each rank",
                       p.stderr, re.M)
     check(said == [per_rank], "one line saying so", p.stderr)
-    check(f"({len(os.sched_getaffinity(0))} CPUs / 2 ranks)" in p.stderr, "says why", p.stderr)
+    cpus = len(os.sched_getaffinity(0))
+    check(f"({cpus} CPU{'s' if cpus > 1 else ''} / 2 ranks)" in p.stderr, "says why", p.stderr)
+    p, _ = shmrun(job_id(), ["-n", "1"], ["env"], env=clean_env())
+    check(f"CPU{'s' if cpus > 1 else ''} / 1 rank)" in p.stderr, "one rank, not '1 ranks'",
+          p.stderr)
     # Bound to cores: each rank's share is its own cores, even when the
     # ranks outnumber the cores (not "4 CPUs" on a 2-CPU machine).
     p, _ = shmrun(job_id(), ["-n", "4", "--bind-to", "core"], ["env"], env=clean_env())
