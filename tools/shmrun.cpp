@@ -138,6 +138,21 @@ int list_or_cleanup(bool cleanup, const std::string& job_id) {
   return failed ? 1 : 0;
 }
 
+// CLI11's words for an option without its value ("1 required INT:INT in
+// [1 - 4096] missing") or given twice ("At Most 1 required but received
+// 2"), in plain ones; every other message as CLI11 (or shmrun) wrote it.
+std::string usage_error_text(const CLI::Error& e) {
+  const std::string what = e.what();
+  if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) == nullptr) return what;
+  const auto colon = what.find(": ");
+  if (colon == std::string::npos) return what;
+  const std::string option = what.substr(0, colon);
+  if (what.ends_with(" missing")) return fmt::format("{} needs a value after it", option);
+  if (what.find("At Most") != std::string::npos)
+    return fmt::format("{} was given more than once; give it once", option);
+  return what;
+}
+
 // mpirun users type "-np 4", which CLI11 would read as "-n p". Rewrite it to
 // "--np" among shmrun's own options only, never in the program's arguments.
 void accept_mpirun_np(int argc, char** argv) {
@@ -280,7 +295,7 @@ int main(int argc, char** argv) {
 
   // Usage errors look like the launcher's other errors: "shmrun: ...".
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return fmt::format("shmrun: {}\nRun 'shmrun --help' for the options.\n", e.what());
+    return fmt::format("shmrun: {}\nRun 'shmrun --help' for the options.\n", usage_error_text(e));
   });
   try {
     app.parse(argc, argv);

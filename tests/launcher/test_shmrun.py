@@ -644,7 +644,12 @@ def test_usage_errors():
              (["--timeout", "soon", "-n", "1", "true"], "'soon': expected a number"),
              (["--slot-bytes", "big", "-n", "1", "true"], "'big': expected a multiple of 4096"),
              # Decimal, not octal: 010000 is ten thousand, no multiple of 4096.
-             (["--slot-bytes", "010000", "-n", "1", "true"], "10000': expected a multiple")]
+             (["--slot-bytes", "010000", "-n", "1", "true"], "10000': expected a multiple"),
+             # CLI11's own words for these ("At Most 1 required but received 2")
+             # are put plainly.
+             (["-n"], "--np needs a value after it"),
+             (["-n", "2", "--timeout"], "--timeout needs a value after it"),
+             (["-n", "2", "-n", "3", "true"], "--np was given more than once")]
     for args, word in cases:
         p = subprocess.run([SHMRUN, *args], capture_output=True, text=True, timeout=20)
         check(p.returncode == 2, f"{args}: exit status {p.returncode}, expected 2", p.stderr)
