@@ -141,6 +141,11 @@ detail::P2p& checked_p2p(Communicator::Impl& c, bool is_send, const void* buf, s
     throw InvalidArgumentError(fmt::format("rank {}: {}: datatype {} is not a DataType (0..{})",
                                            c.rank, what(), static_cast<int>(dtype),
                                            kNumDataTypes - 1));
+  if (c.size == 1)
+    throw InvalidArgumentError(fmt::format(
+        "rank {}: {}: peer {}: a communicator of one rank has no other rank to send to or "
+        "receive from",
+        c.rank, what(), peer));
   if (peer < 0 || peer >= c.size || peer == c.rank)
     throw InvalidArgumentError(
         fmt::format("rank {}: {}: peer {} is not another rank of this communicator (0..{}, not {})",

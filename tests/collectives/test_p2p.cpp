@@ -580,6 +580,25 @@ TEST_CASE("bad peer, negative tag, bad datatype, null buffer: InvalidArgumentErr
   })));
 }
 
+TEST_CASE("send/recv on a one-rank communicator: InvalidArgumentError saying there is no peer") {
+  CHECK(test::all_zero(test::run_ranks(1, [](Communicator& comm) {
+    std::int64_t x = 0;
+    std::string what;
+    for (int peer : {0, 1}) {
+      SHMRING_CHILD_CHECK(
+          throws_as<InvalidArgumentError>([&] { comm.send(&x, 1, DataType::int64, peer, 0); },
+                                          &what) &&
+              what.find("peer " + std::to_string(peer) +
+                        ": a communicator of one rank has no other rank") != std::string::npos,
+          "send to %d: %s", peer, what.c_str());
+      SHMRING_CHILD_CHECK(throws_as<InvalidArgumentError>(
+                              [&] { comm.irecv(&x, 1, DataType::int64, peer, 0); }, &what) &&
+                              what.find("a communicator of one rank") != std::string::npos,
+                          "irecv from %d: %s", peer, what.c_str());
+    }
+  })));
+}
+
 TEST_CASE("a dead peer is PeerFailureError for a blocking recv, a pending isend and an irecv") {
   // Rank 2 dies once rank 1 has posted its isend and irecv (its tag-1 note
   // says so): had it died first, a failure seen by rank 0 would break the
