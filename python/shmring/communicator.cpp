@@ -333,6 +333,11 @@ until the timeout; refused alike on every rank, the communicator stays usable.
                     "an integer in [0, local_world_size)");
              refuse("local_world_size", local_size, local_size == -1,
                     "an integer in [1, world_size]");
+             // "" is Options' "not given" too: written, it is a bad job id.
+             if (job_id && job_id->empty())
+               throw InvalidArgumentError(
+                   "job id '' (job_id): expected 1 to 64 characters from [A-Za-z0-9._-], or "
+                   "None (the default) for SHMRING_JOB_ID");
              refuse("slots", slots, slots && *slots <= 0, "an integer >= 2");
              refuse("slot_bytes", slot_bytes, slot_bytes && *slot_bytes <= 0,
                     "a multiple of 4096 in [4096, 2^30]");

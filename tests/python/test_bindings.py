@@ -206,6 +206,7 @@ def test_exception_hierarchy():
     (dict(rank=3, size=2), "rank"),
     (dict(rank=0, size=0), "size"),
     (dict(rank=0, size=1, job_id="bad id!"), r"job id 'bad id!' \(job_id\)"),
+    (dict(rank=0, size=1, job_id=""), r"job id '' \(job_id\): expected 1 to 64 characters"),
     (dict(rank=0, size=1, slots=1), r"\bslots=1: expected"),
     (dict(rank=0, size=1, slot_bytes=1000), r"\bslot_bytes=1000: expected a multiple of 4096"),
     # Values that used to fall back to a default silently, or name -1 for
