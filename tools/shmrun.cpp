@@ -158,8 +158,8 @@ std::string usage_error_text(const CLI::Error& e) {
 void accept_mpirun_np(int argc, char** argv) {
   static char long_np[] = "--np";
   const std::vector<std::string> with_value = {
-      "-n", "--np",      "--nproc-per-node", "--bind-to",    "--timeout", "--grace",
-      "-x", "--threads", "--slots",          "--slot-bytes", "--job-id"};
+      "-n",      "--np", "--nproc-per-node", "--nproc_per_node", "--bind-to",    "--timeout",
+      "--grace", "-x",   "--threads",        "--slots",          "--slot-bytes", "--job-id"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--") return;
@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
   std::size_t slots = 0, slot_bytes = 0;
   bool list = false, cleanup = false, info = false, markdown = false;
 
-  auto* np = app.add_option("-n,--np,--nproc-per-node", spec.np,
+  // --nproc_per_node: torchrun takes both spellings, so users type both.
+  auto* np = app.add_option("-n,--np,--nproc-per-node,--nproc_per_node", spec.np,
                             "Number of worker processes (ranks); mpirun's -np works too")
                  ->transform(in_range(1, 4096));
   app.add_flag("--tag-output", spec.tag_output,

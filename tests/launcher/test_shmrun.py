@@ -553,6 +553,11 @@ def test_environment():
     ports = set(re.findall(r"MASTER_PORT=(\d+)", p.stdout))
     check(p.returncode == 0 and len(ports) == 1 and 0 < int(ports.pop()) < 65536,
           "expected one free MASTER_PORT for all ranks", p.stdout)
+    # torchrun's two spellings of its option work as well.
+    for spelling in (["--nproc-per-node", "2"], ["--nproc_per_node", "2"], ["--nproc_per_node=2"]):
+        p, _ = shmrun(job_id(), spelling, ["env"])
+        check(p.returncode == 0 and len(env_lines(p.stdout)) == 2, f"{spelling}: two ranks",
+              p.stdout + p.stderr)
 
 
 def start_creator(jid):
