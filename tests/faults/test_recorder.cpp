@@ -167,21 +167,26 @@ void stall_before_1000(std::size_t count, const char* name) {
   }
 }
 
-// Runs body(comm, rank) on 3 ranks, rank 0 with a 1 s timeout and the
-// others 10 s (SHMRING_ALGO=algo where given); returns rank 0's error.
-std::string rank0_error(const char* name, const char* algo,
-                        const std::function<void(Communicator&, int)>& body) {
+// Runs body(comm, rank, timed_out) on 3 ranks, rank 0 with a 1 s timeout
+// and the others 10 s (SHMRING_ALGO=algo where given); returns rank 0's
+// error. `timed_out` is set once rank 0 has its error: a late rank waits for
+// it (wait_for) rather than sleeping past the timeout.
+std::string rank0_error(
+    const char* name, const char* algo,
+    const std::function<void(Communicator&, int, const test::SharedFlag&)>& body) {
   constexpr int n = 3;
   const std::string job = test::unique_job_id(name);
   test::MessageBoard board(n);
+  test::SharedFlag timed_out;
   auto status = test::run_processes(n, [&](int r) {
     if (algo != nullptr) setenv("SHMRING_ALGO", algo, 1);
     Communicator comm(opts(r, n, job, r == 0 ? 1.0 : 10.0));
     try {
-      body(comm, r);
+      body(comm, r, timed_out);
       SHMRING_CHILD_CHECK(r != 0, "rank 0: expected a timeout");
     } catch (const Error& e) {
       board.put(r, e.what());
+      if (r == 0) timed_out.set();
     }
   });
   CHECK(test::all_zero(status));
@@ -366,15 +371,20 @@ TEST_CASE("a timeout after eager gathers: a rank past the call is not called lat
   // Rank 1's 8-byte gathers are eager: it deposits its blocks of #2 and #3
   // and goes on (then sleeps, outside any call), while rank 2 sleeps
   // before gather #2 and rank 0 times out waiting for it.
-  const std::string m = rank0_error("recahead", nullptr, [](Communicator& comm, int r) {
-    const std::int64_t mine = r;
-    std::int64_t all[3] = {};
-    for (int i = 0; i < 6; ++i) {
-      if (r == 2 && i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-      if (r == 1 && i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-      comm.gather(&mine, all, 1, DataType::int64, 0);
-    }
-  });
+  // Rank 0 enters #2 once rank 1 has left #3; ranks 1 and 2 go on once rank
+  // 0 has timed out.
+  test::SharedFlag ahead;
+  const std::string m = rank0_error(
+      "recahead", nullptr, [&](Communicator& comm, int r, const test::SharedFlag& timed_out) {
+        const std::int64_t mine = r;
+        std::int64_t all[3] = {};
+        for (int i = 0; i < 6; ++i) {
+          if (r == 0 && i == 2) (void)ahead.wait_for();
+          if ((r == 2 && i == 2) || (r == 1 && i == 4)) (void)timed_out.wait_for();
+          comm.gather(&mine, all, 1, DataType::int64, 0);
+          if (r == 1 && i == 3) ahead.set();
+        }
+      });
   INFO("rank 0: ", m);
   CHECK(contains(m, "timed out"));
   CHECK(contains(m, "rank 2 has not entered gather #2; its last completed call was gather #1"));
@@ -387,12 +397,13 @@ TEST_CASE("a timeout after eager gathers: a rank past the call is not called lat
 TEST_CASE("a one-shot allreduce's wait says its data is out, not that none moved") {
   // Rank 2 sleeps before allreduce #1: rank 0 has published its buffer
   // (step 0) and times out waiting for rank 2's.
-  const std::string m = rank0_error("recstep", "direct", [](Communicator& comm, int r) {
-    std::vector<float> x(1000, 1.0f);
-    comm.allreduce(std::span<float>(x), ReduceOp::sum);
-    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    comm.allreduce(std::span<float>(x), ReduceOp::sum);
-  });
+  const std::string m = rank0_error(
+      "recstep", "direct", [](Communicator& comm, int r, const test::SharedFlag& timed_out) {
+        std::vector<float> x(1000, 1.0f);
+        comm.allreduce(std::span<float>(x), ReduceOp::sum);
+        if (r == 2) (void)timed_out.wait_for();
+        comm.allreduce(std::span<float>(x), ReduceOp::sum);
+      });
   INFO("rank 0: ", m);
   CHECK(contains(m, "timed out"));
   CHECK(contains(m, "(collective #1, step 0)"));
@@ -507,17 +518,19 @@ TEST_CASE("a rank that leaves before allreduce #10: the survivors' error says it
 
 TEST_CASE("rank 0's SHMRING_RECORDER_ENTRIES sizes the job; 0 turns the recorder off") {
   const std::string job = test::unique_job_id("recoff");
+  test::SharedFlag timed_out;  // rank 1 comes late: once rank 0 has timed out
   auto status = test::run_processes(2, [&](int r) {
     // Rank 1 asks for 16 entries; rank 0's 0 wins, so no summary.
     setenv("SHMRING_RECORDER_ENTRIES", r == 0 ? "0" : "16", 1);
     Communicator comm(opts(r, 2, job, 1.0));
     std::vector<float> x(10000, 1.0f);
     comm.allreduce(std::span<float>(x), ReduceOp::sum);
-    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+    if (r == 1) (void)timed_out.wait_for();
     try {
       comm.allreduce(std::span<float>(x), ReduceOp::sum);
       SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
     } catch (const Error& e) {
+      if (r == 0) timed_out.set();
       SHMRING_CHILD_CHECK(contains(e.what(), "rank(s) 1 never started collective #1"),
                           "rank %d: %s", r, e.what());
       SHMRING_CHILD_CHECK(!contains(e.what(), "has not entered"),
@@ -534,6 +547,7 @@ TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparound
   REQUIRE(!dir.empty());
   test::MessageBoard board(2);
   const std::string job = test::unique_job_id("reclap");
+  test::SharedFlag timed_out;
   auto status = test::run_processes(2, [&](int r) {
     setenv("SHMRING_DUMP_DIR", dir.c_str(), 1);
     setenv("SHMRING_RECORDER_ENTRIES", "5", 1);
@@ -543,12 +557,13 @@ TEST_CASE("a recorder of 5 entries keeps the last 5 calls through its wraparound
     // Call i has count 100 + i, so that each entry names its call.
     for (int i = 0; i < 12; ++i)
       comm.allreduce(x.data(), x.data(), 100 + i, DataType::float32, ReduceOp::sum);
-    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (r == 1) (void)timed_out.wait_for();
     try {
       comm.allreduce(x.data(), x.data(), 200, DataType::float32, ReduceOp::sum);
       SHMRING_CHILD_CHECK(false, "rank %d: expected an error", r);
     } catch (const Error& e) {
       board.put(r, e.what());
+      if (r == 0) timed_out.set();
     }
   });
   CHECK(test::all_zero(status));
