@@ -414,15 +414,11 @@ TEST_CASE("a rank killed inside a call: the others' error says it died there, no
   constexpr int n = 3;
   const std::string job = test::unique_job_id("recdead");
   test::MessageBoard board(n);
-  auto* pid1 = static_cast<std::atomic<pid_t>*>(mmap(nullptr, sizeof(std::atomic<pid_t>),
-                                                     PROT_READ | PROT_WRITE,
-                                                     MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  REQUIRE(pid1 != MAP_FAILED);
-  new (pid1) std::atomic<pid_t>(0);
+  test::SharedFlag pid1;
   auto status = test::run_processes(n, [&](int r) {
     Communicator comm(opts(r, n, job, 30.0));
     // Stored before allreduce #0, which rank 2 cannot leave without rank 1.
-    if (r == 1) pid1->store(getpid());
+    if (r == 1) pid1.set(getpid());
     std::vector<float> x(10000, 1.0f);
     comm.allreduce(std::span<float>(x), ReduceOp::sum);
     if (r == 2) {
@@ -430,7 +426,7 @@ TEST_CASE("a rank killed inside a call: the others' error says it died there, no
       // (given longer to get there in emulated runs).
       std::this_thread::sleep_for(
           std::chrono::milliseconds(static_cast<int>(300 * test::timeout_scale())));
-      const pid_t victim = pid1->load();
+      const pid_t victim = pid1.get();
       SHMRING_CHILD_CHECK(victim > 0, "rank 1's pid is %d", static_cast<int>(victim));
       kill(victim, SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -442,7 +438,6 @@ TEST_CASE("a rank killed inside a call: the others' error says it died there, no
       board.put(r, e.what());
     }
   });
-  munmap(pid1, sizeof(std::atomic<pid_t>));
   CHECK(status[0] == 0);
   CHECK(status[1] == 128 + SIGKILL);
   CHECK(status[2] == 0);

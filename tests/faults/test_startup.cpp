@@ -9,7 +9,6 @@
 
 #include <sched.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -59,21 +58,6 @@ bool wait_for_path(const std::string& p, double seconds) {
 }
 
 // A flag in memory shared with the children forked after this call.
-std::atomic<int>* shared_flag() {
-  void* p = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  return p == MAP_FAILED ? nullptr : new (p) std::atomic<int>(0);
-}
-
-bool wait_for_flag(const std::atomic<int>& f, double seconds) {
-  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    if (f.load() != 0) return true;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return false;
-}
-
 // Forks fn in a child; returns its pid.
 pid_t spawn(const std::function<void()>& fn) {
   std::fflush(stdout);
@@ -239,15 +223,14 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
   // which it waits out to the timeout (two test cases below). Waiting for
   // rank 1 to reach its constructor, then 20 ms (two clock ticks), makes
   // sure of that on a loaded machine.
-  std::atomic<int>* at_ctor = shared_flag();
-  REQUIRE(at_ctor != nullptr);
+  test::SharedFlag at_ctor;
   for (int trial = 0; trial < 5; ++trial) {
     const std::string job = test::unique_job_id("r0dies");
     test::FaultBoard* board = test::FaultBoard::create();
-    at_ctor->store(0);
+    at_ctor.set(0);
     pid_t r1 = spawn([&] {
       try {
-        at_ctor->store(1);
+        at_ctor.set();
         Communicator comm(opts(1, 3, job, 30));
         SHMRING_CHILD_CHECK(false, "rank 1: expected an error");
       } catch (const PeerFailureError& e) {
@@ -255,7 +238,7 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
         SHMRING_CHILD_CHECK(contains(e.what(), "rank 0 (pid"), "rank 1: %s", e.what());
       }
     });
-    REQUIRE(wait_for_flag(*at_ctor, 10));
+    REQUIRE(at_ctor.wait_for(1, 10));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     pid_t r0 = spawn([&] { Communicator comm(opts(0, 3, job, 30)); });
     REQUIRE(wait_for_path(shm_path(job), 10));
@@ -271,7 +254,6 @@ TEST_CASE("rank 0 dying while the others attach fails them at once and leaves no
     CHECK(test::shm_files_with(job).empty());
     test::FaultBoard::destroy(board);
   }
-  munmap(at_ctor, sizeof(std::atomic<int>));
 }
 
 TEST_CASE("rank 0 dying before a slow rank 1 looked fails rank 1 at once, not at the timeout") {
@@ -281,10 +263,9 @@ TEST_CASE("rank 0 dying before a slow rank 1 looked fails rank 1 at once, not at
   // leftover, and rank 1 fails at once instead of waiting out its timeout.
   const std::string job = test::unique_job_id("r0early");
   test::FaultBoard* board = test::FaultBoard::create();
-  std::atomic<int>* go = shared_flag();
-  REQUIRE(go != nullptr);
+  test::SharedFlag go;
   pid_t r1 = spawn([&] {
-    SHMRING_CHILD_CHECK(wait_for_flag(*go, 30), "rank 1: never told to start");
+    SHMRING_CHILD_CHECK(go.wait_for(1, 30), "rank 1: never told to start");
     try {
       Communicator comm(opts(1, 2, job, 20));
       SHMRING_CHILD_CHECK(false, "rank 1: expected an error");
@@ -300,7 +281,7 @@ TEST_CASE("rank 0 dying before a slow rank 1 looked fails rank 1 at once, not at
   kill(r0, SIGKILL);
   CHECK(wait_status(r0) == 128 + SIGKILL);
   board->fault_ns.store(test::mono_ns());
-  go->store(1);
+  go.set();
   CHECK(wait_status(r1) == 0);
   const double s = board->latency_s(1);
   std::printf("rank 0 died before rank 1 looked: rank 1 after %.3f s: %s\n", s, board->message[1]);
@@ -308,7 +289,6 @@ TEST_CASE("rank 0 dying before a slow rank 1 looked fails rank 1 at once, not at
   CHECK(s < test::kDetectionBoundS);
   CHECK(test::shm_files_with(job).empty());
   test::FaultBoard::destroy(board);
-  munmap(go, sizeof(std::atomic<int>));
 }
 
 TEST_CASE(
@@ -350,13 +330,12 @@ TEST_CASE("a registered rank dying before every rank attached fails the others a
   // Timed from rank 1 reaching its constructor, not from the fork: a rank 1
   // killed before it registered is unknown to rank 0, which then waits for
   // its timeout (30 s) instead.
-  std::atomic<int>* at_ctor = shared_flag();
-  REQUIRE(at_ctor != nullptr);
+  test::SharedFlag at_ctor;
   pid_t r1 = spawn([&] {
-    at_ctor->store(1);
+    at_ctor.set();
     Communicator comm(opts(1, 3, job, 30));  // rank 2 never comes
   });
-  REQUIRE(wait_for_flag(*at_ctor, 10));
+  REQUIRE(at_ctor.wait_for(1, 10));
   // Rank 1 has registered by then (given longer in emulated runs).
   std::this_thread::sleep_for(
       std::chrono::milliseconds(static_cast<int>(300 * test::timeout_scale())));
@@ -369,7 +348,6 @@ TEST_CASE("a registered rank dying before every rank attached fails the others a
   CHECK(board->latency_s(0) < test::kDetectionBoundS);
   CHECK(test::shm_files_with(job).empty());
   test::FaultBoard::destroy(board);
-  munmap(at_ctor, sizeof(std::atomic<int>));
 }
 
 TEST_CASE("another user's segment of our name is neither opened nor removed") {
