@@ -57,7 +57,6 @@ bool wait_for_path(const std::string& p, double seconds) {
   return false;
 }
 
-// A flag in memory shared with the children forked after this call.
 // Forks fn in a child; returns its pid.
 pid_t spawn(const std::function<void()>& fn) {
   std::fflush(stdout);
