@@ -158,7 +158,8 @@ inline constexpr Setting kSettings[] = {
    .choices = "auto,0=never,never,1=always,always"},
   {.name = "SHMRING_MIGRATE", .kind = Kind::integer, .audience = Audience::tuning,
    .default_value = "1", .expected = "",
-   .doc = "1: a rank whose awaited peer shares its CPU moves to a free CPU of its mask.",
+   .doc = "1: a rank whose awaited peer shares its CPU moves to a free CPU of its mask; with "
+          "more ranks than CPUs, ranks move until every CPU holds as many as the others.",
    .lo = 0, .hi = 1},
   {.name = "SHMRING_CMA", .kind = Kind::integer, .audience = Audience::tuning,
    .default_value = "1", .expected = "",

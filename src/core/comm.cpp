@@ -196,12 +196,7 @@ bool CommState::keep_off_cpu_of(int peer) {
   bool stacked = area(peer).info.cpu.load(std::memory_order_acquire) == cpu;
   if (stacked) {
     moved = unstacker.move_off(
-        cpu,
-        [&](int c) {
-          for (int r = 0; r < size; ++r)
-            if (r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == c) return true;
-          return false;
-        },
+        cpu, [&](int c) { return ranks_on(c); },
         [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
     if (moved >= 0) stacked = false;
   }
@@ -211,10 +206,75 @@ bool CommState::keep_off_cpu_of(int peer) {
   return !stacked;
 }
 
+int CommState::ranks_on(int cpu) {
+  int k = 0;
+  for (int r = 0; r < size; ++r)
+    k += r != rank && area(r).info.cpu.load(std::memory_order_relaxed) == cpu;
+  return k;
+}
+
+void CommState::spread_crowded() {
+  // The rank's own threads only: the progress thread of non-blocking calls
+  // would overwrite the CPU they publish.
+  if (detail::t_helper_thread) return;
+  const int cpu = detail::current_cpu();
+  if (cpu != published_cpu) {
+    my_area().info.cpu.store(cpu, std::memory_order_relaxed);
+    published_cpu = cpu;
+  }
+  if (cpu < 0 || size < 2 || !unstacker.may_look()) return;
+  // Cheap first, from what the ranks published (sorted, equal CPUs form
+  // runs): does our CPU hold others while a CPU holds fewer of them, or
+  // while a CPU may hold none (fewer CPUs in use than online)? Only then
+  // the mask, a system call, and the claim.
+  auto& cpus = crowd_cpus;
+  cpus.clear();
+  for (int r = 0; r < size; ++r)
+    if (r != rank) cpus.push_back(area(r).info.cpu.load(std::memory_order_relaxed));
+  std::sort(cpus.begin(), cpus.end());
+  int mine = 0, least = size, in_use = 1;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j < cpus.size() && cpus[j] == cpus[i]) ++j;
+    const int k = static_cast<int>(j - i);
+    if (cpus[i] == cpu) {
+      mine = k;
+    } else if (cpus[i] >= 0) {
+      least = std::min(least, k);
+      ++in_use;
+    }
+    i = j;
+  }
+  static const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (mine == 0 || (least >= mine && in_use >= online)) return;
+  // Not beside another program's busy task (placement.hpp): the
+  // scheduler's placement is then as good as ours, and a move can be far
+  // worse.
+  if (detail::others_runnable(size)) {
+    unstacker.quiet_for(std::chrono::milliseconds(10));
+    return;
+  }
+  auto& mover = seg->header().mover;
+  std::uint32_t none = 0;
+  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
+                                     std::memory_order_acq_rel))
+    return;
+  const int moved = unstacker.move_off(
+      cpu, [&](int c) { return ranks_on(c); },
+      [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
+  published_cpu = moved >= 0 ? moved : cpu;
+  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
+  mover.store(0, std::memory_order_release);
+}
+
 detail::WaitPolicy CommState::policy_for(int peer) {
   detail::WaitPolicy policy = base_policy();
-  // Spin 0 (apply_placement, base_policy): yield, then sleep.
-  if (config.oversubscribed || crowded_by_job()) return policy;
+  // Spin 0 (apply_placement, base_policy): yield, then sleep. The ranks
+  // outnumber the CPUs: keep them spread evenly over them (placement.hpp).
+  if (config.oversubscribed || crowded_by_job()) {
+    spread_crowded();
+    return policy;
+  }
   if (peer >= 0 && !keep_off_cpu_of(peer)) {
     // Spinning only pays while the peer runs on a CPU of its own; on ours it
     // would only delay the peer (placement.hpp).

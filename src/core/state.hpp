@@ -89,7 +89,8 @@ struct CommState {
   detail::WaitPolicy wait_policy;
   bool spin_explicit = false;  // SHMRING_SPIN_US set: kept when crowded, as apply_placement does
   detail::Unstacker unstacker;
-  int published_cpu = -1;  // what my RankInfo::cpu says
+  int published_cpu = -1;       // what my RankInfo::cpu says
+  std::vector<int> crowd_cpus;  // spread_crowded's scratch: the other ranks' CPUs
   int rank = 0, size = 1, left = 0, right = 0;
 
   RingEdgeState ring;               // ring edge r -> r+1 (ring_edge.cpp)
@@ -222,6 +223,12 @@ struct CommState {
   /// Publishes the CPU we run on; if `peer` runs there too, moves to a free
   /// CPU of the job if it can. Returns false when we stay on peer's CPU.
   bool keep_off_cpu_of(int peer);
+  /// More ranks than CPUs: publishes the CPU we run on and, if a CPU of our
+  /// mask holds fewer of the job's ranks than ours does besides us, moves
+  /// there (base/placement.hpp), one rank of the job at a time.
+  void spread_crowded();
+  /// How many ranks of the job other than us last published `cpu`.
+  int ranks_on(int cpu);
   /// How a blocking wait for `peer` (-1: several) goes, from wait_policy:
   /// more ranks than CPUs, or `peer` stacked on our CPU: no spin, yield
   /// (the CPU is what the awaited rank needs). Otherwise spin for the spin
