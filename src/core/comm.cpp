@@ -179,31 +179,13 @@ void CommState::check_progress(int peer, const char* what, Clock::time_point dea
   }
 }
 
-bool CommState::keep_off_cpu_of(int peer) {
-  int cpu = detail::current_cpu();
+int CommState::publish_cpu() {
+  const int cpu = detail::current_cpu();
   if (cpu != published_cpu) {
     my_area().info.cpu.store(cpu, std::memory_order_relaxed);
     published_cpu = cpu;
   }
-  if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
-  // One mover at a time; whoever loses the claim stays (and skips its spin).
-  auto& mover = seg->header().mover;
-  std::uint32_t none = 0;
-  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
-                                     std::memory_order_acq_rel))
-    return false;
-  int moved = -1;
-  bool stacked = area(peer).info.cpu.load(std::memory_order_acquire) == cpu;
-  if (stacked) {
-    moved = unstacker.move_off(
-        cpu, [&](int c) { return ranks_on(c); },
-        [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
-    if (moved >= 0) stacked = false;
-  }
-  published_cpu = moved >= 0 ? moved : cpu;
-  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
-  mover.store(0, std::memory_order_release);
-  return !stacked;
+  return cpu;
 }
 
 int CommState::ranks_on(int cpu) {
@@ -213,15 +195,40 @@ int CommState::ranks_on(int cpu) {
   return k;
 }
 
+int CommState::claimed_move_off(int cpu, const std::function<bool()>& still_wanted) {
+  // One mover at a time: two ranks that both saw a reason would otherwise
+  // both move, to the same CPU.
+  auto& mover = seg->header().mover;
+  std::uint32_t none = 0;
+  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
+                                     std::memory_order_acq_rel))
+    return kClaimLost;
+  int moved = -1;
+  if (still_wanted())
+    moved = unstacker.move_off(
+        cpu, [&](int c) { return ranks_on(c); },
+        [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
+  published_cpu = moved >= 0 ? moved : cpu;
+  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
+  mover.store(0, std::memory_order_release);
+  return moved;
+}
+
+bool CommState::keep_off_cpu_of(int peer) {
+  const int cpu = publish_cpu();
+  if (cpu < 0 || area(peer).info.cpu.load(std::memory_order_relaxed) != cpu) return true;
+  // Whoever loses the claim stays (and skips its spin).
+  bool stacked = true;
+  const int moved = claimed_move_off(
+      cpu, [&] { return stacked = area(peer).info.cpu.load(std::memory_order_acquire) == cpu; });
+  return moved != kClaimLost && (!stacked || moved >= 0);
+}
+
 void CommState::spread_crowded() {
   // The rank's own threads only: the progress thread of non-blocking calls
   // would overwrite the CPU they publish.
   if (detail::t_helper_thread) return;
-  const int cpu = detail::current_cpu();
-  if (cpu != published_cpu) {
-    my_area().info.cpu.store(cpu, std::memory_order_relaxed);
-    published_cpu = cpu;
-  }
+  const int cpu = publish_cpu();
   if (cpu < 0 || size < 2 || !unstacker.may_look()) return;
   // Cheap first, from what the ranks published (sorted, equal CPUs form
   // runs): does our CPU hold others while a CPU holds fewer of them, or
@@ -254,17 +261,7 @@ void CommState::spread_crowded() {
     unstacker.quiet_for(std::chrono::milliseconds(10));
     return;
   }
-  auto& mover = seg->header().mover;
-  std::uint32_t none = 0;
-  if (!mover.compare_exchange_strong(none, static_cast<std::uint32_t>(rank) + 1,
-                                     std::memory_order_acq_rel))
-    return;
-  const int moved = unstacker.move_off(
-      cpu, [&](int c) { return ranks_on(c); },
-      [&](int target) { my_area().info.cpu.store(target, std::memory_order_relaxed); });
-  published_cpu = moved >= 0 ? moved : cpu;
-  my_area().info.cpu.store(published_cpu, std::memory_order_relaxed);
-  mover.store(0, std::memory_order_release);
+  claimed_move_off(cpu, [] { return true; });
 }
 
 detail::WaitPolicy CommState::policy_for(int peer) {

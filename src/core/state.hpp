@@ -16,10 +16,12 @@
 #include <cassert>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "base/clock.hpp"
 #include "base/config.hpp"
@@ -229,6 +231,16 @@ struct CommState {
   void spread_crowded();
   /// How many ranks of the job other than us last published `cpu`.
   int ranks_on(int cpu);
+  /// Publishes the CPU this thread runs on (RankInfo::cpu) if it changed;
+  /// returns it (-1: unknown).
+  int publish_cpu();
+  /// Takes the job's mover claim (one rank moves at a time) and, if
+  /// `still_wanted()` says so under it, moves off `cpu` as
+  /// Unstacker::move_off does; publishes where we then run and releases
+  /// the claim. Returns the CPU moved to, -1 when not moved, kClaimLost
+  /// when another rank held the claim.
+  static constexpr int kClaimLost = -2;
+  int claimed_move_off(int cpu, const std::function<bool()>& still_wanted);
   /// How a blocking wait for `peer` (-1: several) goes, from wait_policy:
   /// more ranks than CPUs, or `peer` stacked on our CPU: no spin, yield
   /// (the CPU is what the awaited rank needs). Otherwise spin for the spin
